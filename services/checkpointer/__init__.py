@@ -1,0 +1,1 @@
+"""checkpointer: resumes preempted jobs from their latest checkpoint on new capacity."""

@@ -1,0 +1,1 @@
+"""preemption_watcher: turns GCE preemption notices and Kubernetes node signals into events."""

@@ -1,0 +1,18 @@
+"""The only place that names the submitter's concrete adapters."""
+
+from __future__ import annotations
+
+from contextlib import AsyncExitStack
+
+from services.submitter.handlers import SERVICE, SUBSCRIPTIONS, Deps
+from shared.clock import SystemClock
+from shared.messaging import EventBus, Subscription, bind_routes
+from shared.runtime import ServiceDefinition
+
+
+async def bootstrap(bus: EventBus, stack: AsyncExitStack) -> ServiceDefinition:
+    deps = Deps(bus=bus, clock=SystemClock())
+    return ServiceDefinition(
+        name=SERVICE,
+        subscriptions=[Subscription(service=SERVICE, routes=bind_routes(SUBSCRIPTIONS, deps))],
+    )

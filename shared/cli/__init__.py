@@ -1,0 +1,1 @@
+"""The `spotrain` command line; it never imports Ray, so it starts fast."""

@@ -1,0 +1,127 @@
+"""`spotrain`: the one command data scientists and operators type.
+
+Errors are one line on stderr and a non-zero exit, never a traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+from typing import Annotated, NoReturn
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from shared.events.schema_export import write_documents
+from shared.localstack import stack
+from shared.localstack.settings import LocalStackSettings
+
+app = typer.Typer(
+    name="spotrain",
+    help="Train on many GPUs with one command, on cheap spot capacity that may vanish.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+out = Console()
+err = Console(stderr=True)
+
+
+class CliError(Exception):
+    """A failure to report as one line; the exit code rides along."""
+
+    def __init__(self, message: str, exit_code: int = 1) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+@app.command()
+def up() -> None:
+    """Start the local stack: NATS JetStream, a Ray head, the four services."""
+    settings = LocalStackSettings()
+    statuses = stack.up(settings, progress=lambda line: err.print(f"[dim]{line}[/dim]"))
+    _print_statuses(statuses)
+    out.print(
+        f"stack is up; state in {settings.home}; export SPOTRAIN_NATS_URL={settings.nats_url}"
+    )
+
+
+@app.command()
+def down() -> None:
+    """Stop everything `spotrain up` started, and nothing else."""
+    settings = LocalStackSettings()
+    stopped = stack.down(settings, progress=lambda line: err.print(f"[dim]{line}[/dim]"))
+    out.print(f"stopped: {', '.join(stopped)}" if stopped else "nothing was running")
+
+
+@app.command()
+def status() -> None:
+    """Show each part of the local stack and whether it is healthy (exit 1 if not)."""
+    statuses = stack.status(LocalStackSettings())
+    _print_statuses(statuses)
+    if any(s.state is not stack.State.HEALTHY for s in statuses):
+        raise typer.Exit(1)
+
+
+@app.command()
+def schema(
+    out_dir: Annotated[
+        Path, typer.Option("--out", help="Folder for the JSON Schemas and AsyncAPI document.")
+    ] = Path("docs/events"),
+) -> None:
+    """Write the JSON Schema of every event and an AsyncAPI 3 document."""
+    written = write_documents(out_dir)
+    out.print(f"wrote {len(written)} files to {out_dir}")
+
+
+@app.command()
+def demo(
+    timeout_s: Annotated[float, typer.Option(help="How long to wait for the platform.")] = 30,
+) -> None:
+    """Send a job request through the running stack and show the platform's answer."""
+    from shared.cli.demo import run_demo  # noqa: PLC0415  # nats is imported only when needed
+
+    asyncio.run(run_demo(out, timeout_s=timeout_s))
+
+
+def _print_statuses(statuses: list[stack.ComponentStatus]) -> None:
+    table = Table("component", "state", "pid", "endpoint")
+    colours = {
+        stack.State.HEALTHY: "green",
+        stack.State.STARTING: "yellow",
+        stack.State.UNHEALTHY: "red",
+        stack.State.STOPPED: "dim",
+    }
+    for s in statuses:
+        table.add_row(s.name, f"[{colours[s.state]}]{s.state}[/]", str(s.pid or "-"), s.endpoint)
+    out.print(table)
+
+
+def main(argv: list[str] | None = None) -> NoReturn:
+    """Entry point of the console script."""
+    try:
+        # Without standalone mode, click returns a command's exit code instead of exiting.
+        result = app(args=argv, standalone_mode=False)
+    except typer.Exit as done:
+        sys.exit(done.exit_code)
+    except typer.Abort:
+        _fail("aborted", 130)
+    except typer.TyperException as error:
+        # Usage errors: unknown option, missing or invalid argument.
+        message = error.format_message() if hasattr(error, "format_message") else str(error)
+        _fail(message, getattr(error, "exit_code", 2))
+    except (CliError, stack.StackError) as error:
+        _fail(str(error), getattr(error, "exit_code", 1))
+    except KeyboardInterrupt:
+        _fail("interrupted", 130)
+    sys.exit(result if isinstance(result, int) else 0)
+
+
+def _fail(message: str, exit_code: int) -> NoReturn:
+    first, *rest = message.strip().splitlines() or ["failed"]
+    print(f"spotrain: error: {first}", file=sys.stderr)
+    for line in rest:
+        print(f"  {line}", file=sys.stderr)
+    sys.exit(exit_code)

@@ -1,0 +1,297 @@
+"""The `data` of every event on the bus: one frozen model per event type.
+
+These models are the contract with outside publishers (CLI, notebooks, Slack, any tool):
+`spotrain schema` exports them as JSON Schema and AsyncAPI. Events are past-tense facts,
+except the `*_requested` ones, which are requests a service may refuse.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, ClassVar
+
+from pydantic import AwareDatetime, Field
+
+from shared.events.types import (
+    Attempt,
+    Bundle,
+    CapacityClass,
+    EnvName,
+    Frozen,
+    JobId,
+    Label,
+    LongText,
+    Name,
+    ObjectRef,
+    ShortText,
+    Step,
+    Uri,
+)
+
+
+class EventData(Frozen):
+    """Base of all event data; subclasses name their place in the catalog."""
+
+    aggregate: ClassVar[str]
+    event: ClassVar[str]
+    version: ClassVar[int] = 1
+
+    @classmethod
+    def event_type(cls) -> str:
+        """The versioned CloudEvents `type`, e.g. `spotrain.job.requested.v1`."""
+        return f"spotrain.{cls.aggregate}.{cls.event}.v{cls.version}"
+
+
+# --- jobs ---------------------------------------------------------------------------------
+
+
+class JobRequested(EventData):
+    """Someone asks the platform to run a training job."""
+
+    aggregate = "job"
+    event = "requested"
+
+    job_id: JobId
+    owner: Name
+    experiment: Name | None = None
+    entrypoint: Annotated[tuple[ShortText, ...], Field(min_length=1, max_length=256)]
+    """The command as an argv list; it is quoted before it reaches any shell."""
+    working_dir: ObjectRef | None = None
+    worker: Bundle = Bundle()
+    num_workers: Annotated[int, Field(ge=1, le=256)] = 1
+    capacity: CapacityClass = CapacityClass.ANY
+    priority: Annotated[int, Field(ge=0, le=9)] = 5
+    max_restarts: Annotated[int, Field(ge=0, le=100)] = 3
+    checkpoint_interval_s: Annotated[int, Field(ge=1, le=86_400)] | None = None
+    labels: Annotated[dict[Label, Annotated[str, Field(max_length=256)]], Field(max_length=32)] = (
+        Field(default_factory=dict)
+    )
+    env: Annotated[dict[EnvName, Annotated[str, Field(max_length=4096)]], Field(max_length=64)] = (
+        Field(default_factory=dict)
+    )
+    pip: Annotated[tuple[Annotated[str, Field(max_length=256)], ...], Field(max_length=64)] = ()
+
+
+class JobAccepted(EventData):
+    """The submitter validated a request and owns the job from now on."""
+
+    aggregate = "job"
+    event = "accepted"
+
+    job_id: JobId
+    owner: Name
+    experiment: Name | None = None
+
+
+class RejectionReason(StrEnum):
+    INVALID = "invalid"
+    QUOTA_EXCEEDED = "quota-exceeded"
+    DUPLICATE = "duplicate"
+    UNSCHEDULABLE = "unschedulable"
+
+
+class JobRejected(EventData):
+    """The submitter refused a request; `detail` says why in words a user can act on."""
+
+    aggregate = "job"
+    event = "rejected"
+
+    job_id: JobId
+    reason: RejectionReason
+    detail: ShortText
+
+
+class JobQueued(EventData):
+    """An attempt waits for capacity: the exact demand the scaler acts on."""
+
+    aggregate = "job"
+    event = "queued"
+
+    job_id: JobId
+    attempt: Attempt
+    bundles: Annotated[tuple[Bundle, ...], Field(min_length=1, max_length=256)]
+    capacity: CapacityClass
+    priority: Annotated[int, Field(ge=0, le=9)]
+
+
+class JobStarted(EventData):
+    """Ray runs an attempt."""
+
+    aggregate = "job"
+    event = "started"
+
+    job_id: JobId
+    attempt: Attempt
+    submission_id: Name
+    pool: Name | None = None
+    nodes: Annotated[tuple[Name, ...], Field(max_length=256)] = ()
+
+
+class JobProgress(EventData):
+    """Training code reported where it is."""
+
+    aggregate = "job"
+    event = "progress"
+
+    job_id: JobId
+    attempt: Attempt
+    step: Step
+    total_steps: Step | None = None
+    metrics: Annotated[dict[Label, float], Field(max_length=64)] = Field(default_factory=dict)
+    eta_s: Annotated[float, Field(ge=0)] | None = None
+
+
+class JobCheckpointed(EventData):
+    """An attempt wrote a complete checkpoint."""
+
+    aggregate = "job"
+    event = "checkpointed"
+
+    job_id: JobId
+    attempt: Attempt
+    step: Step
+    uri: Uri
+
+
+class InterruptionCause(StrEnum):
+    PREEMPTED = "preempted"
+    NODE_LOST = "node-lost"
+
+
+class JobInterrupted(EventData):
+    """An attempt stopped because its capacity went away, not because of its own code."""
+
+    aggregate = "job"
+    event = "interrupted"
+
+    job_id: JobId
+    attempt: Attempt
+    node: Name
+    cause: InterruptionCause
+
+
+class JobResumed(EventData):
+    """A new attempt was submitted from the latest checkpoint (or from scratch)."""
+
+    aggregate = "job"
+    event = "resumed"
+
+    job_id: JobId
+    attempt: Attempt
+    from_checkpoint: Uri | None = None
+    from_step: Step = 0
+    steps_lost: Step = 0
+    capacity: CapacityClass
+
+
+class JobSucceeded(EventData):
+    aggregate = "job"
+    event = "succeeded"
+
+    job_id: JobId
+    attempt: Attempt
+
+
+class JobFailed(EventData):
+    """An attempt failed for its own reasons and the job will not be retried."""
+
+    aggregate = "job"
+    event = "failed"
+
+    job_id: JobId
+    attempt: Attempt
+    message: LongText
+
+
+class JobCancelRequested(EventData):
+    aggregate = "job"
+    event = "cancel_requested"
+
+    job_id: JobId
+    requested_by: Name
+
+
+class JobCancelled(EventData):
+    aggregate = "job"
+    event = "cancelled"
+
+    job_id: JobId
+    attempt: Attempt | None = None
+
+
+# --- pools --------------------------------------------------------------------------------
+
+
+class PoolResizeRequested(EventData):
+    """The scaler decided a pool's new size and asked its provider for it."""
+
+    aggregate = "pool"
+    event = "resize_requested"
+
+    pool: Name
+    from_size: Annotated[int, Field(ge=0)]
+    to_size: Annotated[int, Field(ge=0)]
+    reason: Name
+
+
+class PoolResized(EventData):
+    aggregate = "pool"
+    event = "resized"
+
+    pool: Name
+    size: Annotated[int, Field(ge=0)]
+
+
+class PoolResizeFailed(EventData):
+    aggregate = "pool"
+    event = "resize_failed"
+
+    pool: Name
+    to_size: Annotated[int, Field(ge=0)]
+    message: LongText
+
+
+# --- nodes --------------------------------------------------------------------------------
+
+
+class NodeJoined(EventData):
+    """A node of a pool joined the Ray cluster."""
+
+    aggregate = "node"
+    event = "joined"
+
+    node: Name
+    pool: Name
+    capacity: CapacityClass
+    resources: Bundle
+
+
+class NoticeSource(StrEnum):
+    GCE_PUBSUB = "gce-pubsub"
+    K8S = "k8s"
+    METADATA = "metadata"
+    LOCAL = "local"
+
+
+class NodePreempting(EventData):
+    """The cloud announced that a node will be taken away at `deadline`."""
+
+    aggregate = "node"
+    event = "preempting"
+
+    node: Name
+    pool: Name | None = None
+    deadline: AwareDatetime
+    source: NoticeSource
+
+
+class NodeLost(EventData):
+    """A node is gone: preempted, deleted, or dead."""
+
+    aggregate = "node"
+    event = "lost"
+
+    node: Name
+    pool: Name | None = None
+    source: NoticeSource
+    lost_at: AwareDatetime | None = None

@@ -1,0 +1,1 @@
+"""The embedded local stack: NATS with JetStream, a Ray head, the four services, on one machine."""

@@ -1,0 +1,149 @@
+"""Processes the local stack owns: start each in its own session, remember it, stop it all.
+
+Each component starts as the leader of a new session, so everything it spawns (Ray's GCS,
+raylet, dashboard, workers) shares that session id; stopping a component signals exactly
+that session, never anything else on the machine (no `ray stop`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class ProcessRecord:
+    """What the PID file of one component holds."""
+
+    name: str
+    pid: int
+    argv: list[str]
+    log: str
+    start_ticks: int
+    """The kernel's start time of the process: a PID reused by another process differs."""
+
+    @classmethod
+    def load(cls, path: Path) -> ProcessRecord | None:
+        try:
+            return cls(**json.loads(path.read_text()))
+        except (OSError, ValueError, TypeError):
+            return None
+
+    def save(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(self)))
+        tmp.replace(path)
+
+
+def spawn(
+    name: str, argv: Sequence[str], *, log_path: Path, env: Mapping[str, str], cwd: Path
+) -> ProcessRecord:
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("ab") as log:
+        process = subprocess.Popen(
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=dict(env),
+            cwd=cwd,
+            start_new_session=True,
+        )
+    stat = _read_stat(process.pid)
+    return ProcessRecord(
+        name=name,
+        pid=process.pid,
+        argv=list(argv),
+        log=str(log_path),
+        start_ticks=stat.start_ticks if stat else -1,
+    )
+
+
+def is_running(record: ProcessRecord) -> bool:
+    """True if the recorded process is alive and is still the one we started (no PID reuse)."""
+    stat = _read_stat(record.pid)
+    return (
+        stat is not None and stat.state not in ("Z", "X") and stat.start_ticks == record.start_ticks
+    )
+
+
+def session_members(session_id: int) -> list[int]:
+    """Live processes of a session, zombies excluded."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            stat = _read_stat(int(entry.name))
+            if stat and stat.session == session_id and stat.state not in ("Z", "X"):
+                members.append(int(entry.name))
+    return members
+
+
+def stop_session(session_id: int, *, grace_s: float) -> None:
+    """SIGTERM every process of the session, then SIGKILL what is left after `grace_s`."""
+    _signal_all(session_members(session_id), signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        if not session_members(session_id):
+            return
+        time.sleep(0.1)
+    for _ in range(50):
+        members = session_members(session_id)
+        if not members:
+            return
+        _signal_all(members, signal.SIGKILL)
+        time.sleep(0.1)
+
+
+def port_in_use(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.settimeout(0.2)
+        if probe.connect_ex((host, port)) == 0:
+            return True
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+@dataclass(frozen=True)
+class _Stat:
+    state: str
+    session: int
+    start_ticks: int
+
+
+def _read_stat(pid: int) -> _Stat | None:
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command name may hold spaces and parentheses; the fields after its last ')' do not.
+    fields = raw[raw.rindex(")") + 2 :].split()
+    return _Stat(state=fields[0], session=int(fields[3]), start_ticks=int(fields[19]))
+
+
+def _signal_all(pids: Sequence[int], signum: signal.Signals) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signum)
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            continue

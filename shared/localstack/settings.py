@@ -1,0 +1,54 @@
+"""Where the local stack keeps its state and which ports it takes, from `SPOTRAIN_LOCAL_*`."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+Port = int
+
+
+class LocalStackSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="SPOTRAIN_LOCAL_", extra="ignore", frozen=True)
+
+    home: Path = Field(default_factory=lambda: Path.home() / ".spotrain")
+    """State directory: PID files, logs, the NATS store."""
+    host: str = "127.0.0.1"
+    nats_port: Port = Field(4222, gt=0, lt=65536)
+    nats_monitor_port: Port = Field(8222, gt=0, lt=65536)
+    ray_gcs_port: Port = Field(6380, gt=0, lt=10002)
+    """Kept below Ray's worker port range (10002-19999)."""
+    ray_dashboard_port: Port = Field(8265, gt=0, lt=10002)
+    ray_client_port: Port = Field(10001, gt=0, lt=10002)
+    service_port_base: Port = Field(9460, gt=0, lt=65000)
+    """Services serve /metrics and /healthz on base+1 (submitter) to base+4."""
+    start_timeout_s: float = Field(60, gt=0)
+
+    @property
+    def nats_url(self) -> str:
+        return f"nats://{self.host}:{self.nats_port}"
+
+    @property
+    def dashboard_url(self) -> str:
+        return f"http://{self.host}:{self.ray_dashboard_port}"
+
+    @property
+    def run_dir(self) -> Path:
+        return self.home / "run"
+
+    @property
+    def log_dir(self) -> Path:
+        return self.home / "logs"
+
+    @property
+    def nats_store_dir(self) -> Path:
+        return self.home / "nats"
+
+    @property
+    def ray_temp_dir(self) -> Path:
+        """Short on purpose: Ray puts Unix sockets under it, and their paths are limited."""
+        digest = hashlib.sha256(str(self.home.resolve()).encode()).hexdigest()[:10]
+        return Path("/tmp") / f"spotrain-ray-{digest}"  # noqa: S108  # socket path length

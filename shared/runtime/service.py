@@ -1,0 +1,130 @@
+"""Run one service: its consumers and tickers in a TaskGroup, a staged stop on SIGTERM.
+
+Stop order: stop fetching, let in-flight handlers finish within the grace period (cancel
+what is left; their messages are redelivered), then drain the NATS connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
+
+import structlog
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from shared.logs import configure_logging
+from shared.messaging import BusSettings, EventBus, Subscription
+from shared.messaging.jetstream import JetStreamBus
+from shared.messaging.metrics import BUS_CONNECTED
+from shared.runtime.http import start_http_endpoint
+
+log = structlog.get_logger()
+
+
+@dataclass(frozen=True)
+class Ticker:
+    """Periodic work, e.g. a reconciliation loop; a failing tick is logged, not fatal."""
+
+    name: str
+    interval_s: float
+    tick: Callable[[], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class ServiceDefinition:
+    """What a service's bootstrap hands to the runtime."""
+
+    name: str
+    subscriptions: Sequence[Subscription] = ()
+    tickers: Sequence[Ticker] = field(default_factory=tuple)
+
+
+class RuntimeSettings(BaseSettings):
+    """Settings every service has; each service reads them under its own env prefix."""
+
+    model_config = SettingsConfigDict(extra="ignore", frozen=True)
+
+    http_host: str = "127.0.0.1"
+    http_port: int = Field(0, ge=0, le=65535)
+    """The `/metrics` and `/healthz` port; 0 picks a free one."""
+    grace_period_s: float = Field(20, gt=0)
+    log_level: str = "info"
+    log_json: bool = True
+
+
+Bootstrap = Callable[[EventBus, AsyncExitStack], Awaitable[ServiceDefinition]]
+
+
+async def serve(
+    name: str,
+    bootstrap: Bootstrap,
+    *,
+    bus_settings: BusSettings,
+    runtime: RuntimeSettings,
+    stop: asyncio.Event | None = None,
+) -> None:
+    """Run until SIGTERM/SIGINT (or `stop`), then shut down in stages."""
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    log_ = log.bind(service=name)
+    async with AsyncExitStack() as stack:
+        bus = await JetStreamBus.connect(bus_settings, name=name)
+        stack.push_async_callback(bus.close)
+        await bus.ensure_stream()
+        definition = await bootstrap(bus, stack)
+        consumers_stop = asyncio.Event()
+
+        def is_healthy() -> bool:
+            BUS_CONNECTED.labels(name).set(1 if bus.is_connected else 0)
+            return bus.is_connected and not consumers_stop.is_set()
+
+        server = await start_http_endpoint(runtime.http_host, runtime.http_port, is_healthy)
+        stack.push_async_callback(server.wait_closed)
+        stack.callback(server.close)
+        port = server.sockets[0].getsockname()[1]
+        log_.info("service.started", http_port=port, nats_url=bus_settings.nats_url)
+
+        async with asyncio.TaskGroup() as group:
+            tasks = [
+                group.create_task(bus.consume(s, consumers_stop)) for s in definition.subscriptions
+            ]
+            tasks += [group.create_task(_every(t, consumers_stop)) for t in definition.tickers]
+            await stop.wait()
+            log_.info("service.stopping", grace_period_s=runtime.grace_period_s)
+            consumers_stop.set()
+            if tasks:
+                _, late = await asyncio.wait(tasks, timeout=runtime.grace_period_s)
+                for task in late:
+                    task.cancel()
+                if late:
+                    log_.warning("service.grace_period_expired", cancelled=len(late))
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.remove_signal_handler(signum)
+    log_.info("service.stopped")
+
+
+async def _every(ticker: Ticker, stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        try:
+            await ticker.tick()
+        except Exception:  # the next tick is the retry
+            log.exception("ticker.failed", ticker=ticker.name)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), timeout=ticker.interval_s)
+
+
+def run(
+    name: str,
+    bootstrap: Bootstrap,
+    runtime: RuntimeSettings,
+) -> None:
+    """The body of a service's `__main__`: logging, settings, the loop."""
+    configure_logging(json=runtime.log_json, level=runtime.log_level)
+    asyncio.run(serve(name, bootstrap, bus_settings=BusSettings(), runtime=runtime))
