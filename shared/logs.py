@@ -25,5 +25,6 @@ def configure_logging(*, json: bool, level: str = "info") -> None:
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
-        cache_logger_on_first_use=True,
+        # Not cached: a logger used before configuration must not keep the defaults.
+        cache_logger_on_first_use=False,
     )

@@ -6,6 +6,7 @@ pass the same contract tests.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -13,9 +14,12 @@ from enum import StrEnum
 from typing import Any, TypeVar
 
 import structlog
+from prometheus_client import Counter, Histogram
 
 from shared.events import Event, EventData, InvalidEventError, decode, spec_for
 from shared.messaging.metrics import DEAD_LETTERS, EVENTS_HANDLED, HANDLER_SECONDS
+
+log = structlog.get_logger()
 
 Handler = Callable[[Event[Any]], Awaitable[None]]
 DepsT = TypeVar("DepsT")
@@ -119,7 +123,7 @@ Outcome = Ack | Nak | DeadLetter
 async def settle(delivery: Delivery, subscription: Subscription, prefix: str) -> Outcome:
     """Decode, validate and handle one delivery; never raises for the message's sake."""
     outcome, event_type = await _settle(delivery, subscription, prefix)
-    EVENTS_HANDLED.labels(subscription.service, event_type, _OUTCOME_LABELS[type(outcome)]).inc()
+    _events_handled(subscription.service, event_type, _OUTCOME_LABELS[type(outcome)]).inc()
     if isinstance(outcome, DeadLetter):
         DEAD_LETTERS.labels(subscription.service, outcome.reason.value).inc()
     return outcome
@@ -152,14 +156,17 @@ async def _settle(
         detail = f"{subscription.service} has no handler for {event.type}"
         return DeadLetter(DeadLetterReason.NO_HANDLER, detail), event.type
 
-    job_id = getattr(event.data, "job_id", None)
-    log = structlog.get_logger().bind(
-        service=subscription.service, event_id=event.id, event_type=event.type, job_id=job_id
+    # Each delivery runs in its own task, hence its own context: what is bound here reaches
+    # every log line of the handler and is gone when the task ends.
+    structlog.contextvars.bind_contextvars(
+        service=subscription.service,
+        event_id=event.id,
+        event_type=event.type,
+        job_id=getattr(event.data, "job_id", None),
     )
     started = time.perf_counter()
     try:
-        with structlog.contextvars.bound_contextvars(event_id=event.id, job_id=job_id):
-            await handler(event)
+        await handler(event)
     except RetryLater as retry:
         delay_s, why = retry.delay_s, str(retry)
         log.info("handler.retry_later", delay_s=delay_s, why=why)
@@ -167,13 +174,11 @@ async def _settle(
         return DeadLetter(DeadLetterReason.UNHANDLEABLE, str(error)), event.type
     except Exception as error:  # any handler bug becomes a retry, then a dead letter
         delay_s, why = policy.delay_s(delivery.num_delivered), f"{type(error).__name__}: {error}"
-        log.exception("handler.failed", attempt=delivery.num_delivered)
+        log.exception("handler.failed", delivery=delivery.num_delivered)
     else:
         return Ack(), event.type
     finally:
-        HANDLER_SECONDS.labels(subscription.service, event.type).observe(
-            time.perf_counter() - started
-        )
+        _handler_seconds(subscription.service, event.type).observe(time.perf_counter() - started)
 
     if delivery.num_delivered >= policy.max_deliveries:
         detail = f"failed {delivery.num_delivered} times, last: {why}"
@@ -182,3 +187,15 @@ async def _settle(
 
 
 _UNDECODED = "undecoded"
+
+
+# Looking a metric child up by its labels costs more than handling a small event; the set
+# of (service, type, outcome) is small and fixed, so each child is looked up once.
+@functools.cache
+def _events_handled(service: str, event_type: str, outcome: str) -> Counter:
+    return EVENTS_HANDLED.labels(service, event_type, outcome)
+
+
+@functools.cache
+def _handler_seconds(service: str, event_type: str) -> Histogram:
+    return HANDLER_SECONDS.labels(service, event_type)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Self
 
 import nats.errors
@@ -76,6 +76,7 @@ class JetStreamBus:
                     max_reconnect_attempts=-1,
                     reconnect_time_wait=1,
                     connect_timeout=2,
+                    drain_timeout=5,
                     error_cb=bus._on_error,
                     disconnected_cb=bus._on_disconnected,
                     reconnected_cb=bus._on_reconnected,
@@ -139,6 +140,24 @@ class JetStreamBus:
         subject = spec_for(type(event.data)).subject(self.prefix)
         return await self.publish_raw(subject, encode(event), {MSG_ID: event.id})
 
+    async def publish_many(self, events: Sequence[Event[Any]]) -> list[PublishAck]:
+        """Publish a batch without waiting for each ack in turn: for imports and replays."""
+        futures = []
+        for event in events:
+            subject = spec_for(type(event.data)).subject(self.prefix)
+            futures.append(
+                await self._js.publish_async(subject, encode(event), headers={MSG_ID: event.id})
+            )
+        results = await asyncio.gather(*futures, return_exceptions=True)
+        acks = []
+        for event, result in zip(events, results, strict=True):
+            if isinstance(result, BaseException):
+                # Lost in a reconnect: publish it again, the id de-duplicates if it landed.
+                acks.append(await self.publish(event))
+            else:
+                acks.append(PublishAck(seq=result.seq, duplicate=bool(result.duplicate)))
+        return acks
+
     async def publish_raw(
         self, subject: str, data: bytes, headers: Mapping[str, str] | None = None
     ) -> PublishAck:
@@ -179,6 +198,11 @@ class JetStreamBus:
                     task = asyncio.create_task(self._handle(msg, subscription))
                     in_flight.add(task)
                     task.add_done_callback(in_flight.discard)
+        except asyncio.CancelledError:
+            # Past the grace period: abandon the handlers; their messages are redelivered.
+            for task in in_flight:
+                task.cancel()
+            raise
         finally:
             if in_flight:
                 await asyncio.wait(in_flight)

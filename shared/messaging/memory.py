@@ -7,7 +7,7 @@ counts deliveries, honours nak delays and dead-letters through the same `settle`
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,6 +58,9 @@ class InMemoryBus:
         subject = spec_for(type(event.data)).subject(self._prefix)
         return await self.publish_raw(subject, encode(event), {MSG_ID: event.id})
 
+    async def publish_many(self, events: Sequence[Event[Any]]) -> list[PublishAck]:
+        return [await self.publish(event) for event in events]
+
     async def publish_raw(
         self, subject: str, data: bytes, headers: Mapping[str, str] | None = None
     ) -> PublishAck:
@@ -99,6 +102,11 @@ class InMemoryBus:
                 task.add_done_callback(lambda _t: semaphore.release())
                 in_flight.add(task)
                 task.add_done_callback(in_flight.discard)
+        except asyncio.CancelledError:
+            # Past the grace period: abandon the handlers; their messages are redelivered.
+            for task in in_flight:
+                task.cancel()
+            raise
         finally:
             stopping.cancel()
             if in_flight:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -42,6 +42,10 @@ class EventPublisher(Protocol):
 class EventBus(EventPublisher, Protocol):
     @property
     def prefix(self) -> str: ...
+
+    async def publish_many(self, events: Sequence[Event[Any]]) -> list[PublishAck]:
+        """Publish a batch, pipelined; same guarantees as `publish` for each event."""
+        ...
 
     async def publish_raw(
         self, subject: str, data: bytes, headers: Mapping[str, str] | None = None

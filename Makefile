@@ -1,0 +1,39 @@
+# The two set-up commands of the README live here, so CI runs exactly what users run.
+#   make demo   install, start the local stack, send a job through it
+#   make test   install with dev tools, then lint, type-check and run every test tier
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test lint down bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/spotrain up
+	$(BIN)/spotrain demo
+	@echo "The stack keeps running: $(BIN)/spotrain status | $(BIN)/spotrain down"
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+	$(BIN)/lint-imports
+
+test: lint
+	$(BIN)/pytest
+
+down: $(STAMP)
+	$(BIN)/spotrain down
+
+bench: $(STAMP)
+	$(BIN)/python bench/bus.py
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -1,0 +1,231 @@
+"""The bus contract: JetStream (real nats-server) and the in-memory bus pass the same tests."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from shared.events import Event, dlq_subject, subject_for
+from shared.events.data import JobAccepted, JobRequested
+from shared.messaging import (
+    EventBus,
+    RedeliveryPolicy,
+    RetryLater,
+    Subscription,
+    Unhandleable,
+)
+from shared.messaging.dead_letters import DELIVERIES, ORIGINAL_SUBJECT, REASON, SERVICE
+from shared.messaging.memory import InMemoryBus
+from tests.async_helpers import consuming, eventually
+from tests.events import job_requested
+
+FAST_RETRIES = RedeliveryPolicy(max_deliveries=3, base_delay_s=0.05, max_delay_s=0.1)
+
+
+@pytest.fixture(params=["memory", "jetstream"])
+def bus(request: pytest.FixtureRequest) -> EventBus:
+    if request.param == "memory":
+        return InMemoryBus(prefix="contract")
+    bus: EventBus = request.getfixturevalue("jetstream_bus")
+    return bus
+
+
+class Recorder:
+    """A handler that records what it saw and can be told to fail."""
+
+    def __init__(self, failures: list[BaseException] | None = None) -> None:
+        self.seen: list[Event[Any]] = []
+        self._failures = list(failures or [])
+
+    async def __call__(self, event: Event[Any]) -> None:
+        self.seen.append(event)
+        if self._failures:
+            raise self._failures.pop(0)
+
+    def job_ids(self) -> list[str]:
+        return [e.data.job_id for e in self.seen]
+
+
+def subscription(handler: Recorder, **kwargs: Any) -> Subscription:
+    kwargs.setdefault("redelivery", FAST_RETRIES)
+    return Subscription(service="svc", routes={JobRequested: handler}, **kwargs)
+
+
+async def dead_letters(bus: EventBus) -> list[Any]:
+    return await bus.read(dlq_subject("svc", bus.prefix))
+
+
+async def test_delivers_a_published_event_to_its_handler(bus: EventBus) -> None:
+    """The handler receives the event as its typed model, with the envelope intact."""
+    handler = Recorder()
+    sent = job_requested("job-a", num_workers=2)
+    await bus.publish(sent)
+    async with consuming(bus, subscription(handler)):
+        await eventually(lambda: len(handler.seen) == 1)
+    assert handler.seen[0] == sent
+    assert isinstance(handler.seen[0].data, JobRequested)
+
+
+async def test_the_same_event_published_twice_is_stored_once(bus: EventBus) -> None:
+    event = job_requested("job-dup")
+    first = await bus.publish(event)
+    second = await bus.publish(event)
+    assert (first.duplicate, second.duplicate) == (False, True)
+    assert second.seq == first.seq
+    assert len(await bus.read(subject_for(JobRequested, bus.prefix))) == 1
+
+
+VALID = job_requested("job-ok").model_dump_json().encode()
+
+BAD_MESSAGES = [
+    pytest.param(b"this is not json", "not-json", id="not-json"),
+    pytest.param(b"\xff\xfe\x00garbage", "not-json", id="not-utf8"),
+    pytest.param(b'{"hello": "world"}', "not-an-event", id="missing-envelope-fields"),
+    pytest.param(
+        VALID.replace(b"spotrain.job.requested.v1", b"spotrain.job.exploded.v1"),
+        "unknown-type",
+        id="unknown-type",
+    ),
+    pytest.param(
+        VALID.replace(b"spotrain.job.requested.v1", b"spotrain.job.requested.v9"),
+        "unknown-version",
+        id="unknown-version",
+    ),
+    pytest.param(VALID.replace(b'"alice"', b'"al; rm -rf /"'), "invalid-data", id="hostile-owner"),
+    pytest.param(
+        VALID.replace(b'"num_workers":1', b'"num_workers":"1"'), "invalid-data", id="wrong-type"
+    ),
+    pytest.param(VALID[:-1] + b',"padding":"' + b"x" * 70_000 + b'"}', "too-large", id="oversize"),
+]
+
+
+@pytest.mark.parametrize(("payload", "reason"), BAD_MESSAGES)
+async def test_invalid_messages_are_dead_lettered_with_their_reason(
+    bus: EventBus, payload: bytes, reason: str
+) -> None:
+    """The bad message goes to the DLQ untouched, and the valid one behind it is handled."""
+    handler = Recorder()
+    subject = subject_for(JobRequested, bus.prefix)
+    await bus.publish_raw(subject, payload)
+    await bus.publish(job_requested("job-after"))
+    async with consuming(bus, subscription(handler)):
+        await eventually(lambda: handler.job_ids() == ["job-after"])
+        await eventually(lambda: _count(dead_letters(bus), 1))
+    [letter] = await dead_letters(bus)
+    assert letter.data == payload
+    assert letter.headers[REASON] == reason
+    assert letter.headers[SERVICE] == "svc"
+    assert letter.headers[ORIGINAL_SUBJECT] == subject
+
+
+async def test_retry_later_redelivers_until_the_handler_succeeds(bus: EventBus) -> None:
+    handler = Recorder(failures=[RetryLater(0.05), RetryLater(0.05)])
+    await bus.publish(job_requested("job-retry"))
+    async with consuming(bus, subscription(handler)):
+        await eventually(lambda: len(handler.seen) == 3)
+        await asyncio.sleep(0.3)
+    assert handler.job_ids() == ["job-retry"] * 3
+    assert await dead_letters(bus) == []
+
+
+async def test_a_handler_that_keeps_failing_is_dead_lettered_after_the_limit(bus: EventBus) -> None:
+    handler = Recorder(failures=[RuntimeError("boom")] * 10)
+    await bus.publish(job_requested("job-doomed"))
+    async with consuming(bus, subscription(handler)):
+        await eventually(lambda: _count(dead_letters(bus), 1))
+        await asyncio.sleep(0.3)
+    assert len(handler.seen) == FAST_RETRIES.max_deliveries
+    [letter] = await dead_letters(bus)
+    assert letter.headers[REASON] == "delivery-limit"
+    assert letter.headers[DELIVERIES] == "3"
+    assert "RuntimeError: boom" in letter.headers["Spotrain-Dlq-Detail"]
+
+
+async def test_an_unhandleable_event_is_dead_lettered_at_once(bus: EventBus) -> None:
+    handler = Recorder(failures=[Unhandleable("job spec names a pool that does not exist")])
+    await bus.publish(job_requested("job-odd"))
+    async with consuming(bus, subscription(handler)):
+        await eventually(lambda: _count(dead_letters(bus), 1))
+    assert len(handler.seen) == 1
+    [letter] = await dead_letters(bus)
+    assert letter.headers[REASON] == "unhandleable"
+    assert "does not exist" in letter.headers["Spotrain-Dlq-Detail"]
+
+
+async def test_an_event_on_the_wrong_subject_is_dead_lettered(bus: EventBus) -> None:
+    handler = Recorder()
+    accepted_subject = subject_for(JobAccepted, bus.prefix)
+    requested_subject = subject_for(JobRequested, bus.prefix)
+    # A job.requested envelope sent where job.accepted belongs, seen by a consumer of both.
+    await bus.publish_raw(accepted_subject, VALID)
+    sub = Subscription(
+        service="svc", routes={JobRequested: handler, JobAccepted: handler}, redelivery=FAST_RETRIES
+    )
+    async with consuming(bus, sub):
+        await eventually(lambda: _count(dead_letters(bus), 1))
+    assert handler.seen == []
+    [letter] = await dead_letters(bus)
+    assert letter.headers[REASON] == "wrong-subject"
+    assert requested_subject in letter.headers["Spotrain-Dlq-Detail"]
+
+
+async def test_handlers_run_concurrently_up_to_the_limit(bus: EventBus) -> None:
+    running = 0
+    peak = 0
+    done: list[str] = []
+
+    async def slow(event: Event[Any]) -> None:
+        nonlocal running, peak
+        running += 1
+        peak = max(peak, running)
+        await asyncio.sleep(0.1)
+        running -= 1
+        done.append(event.data.job_id)
+
+    for n in range(6):
+        await bus.publish(job_requested(f"job-{n}"))
+    sub = Subscription(service="svc", routes={JobRequested: slow}, max_concurrency=2)
+    async with consuming(bus, sub):
+        await eventually(lambda: len(done) == 6)
+    assert peak == 2
+
+
+async def test_stopping_lets_the_in_flight_handler_finish_and_ack(bus: EventBus) -> None:
+    """A handler running when the consumer stops completes; its event is not redelivered."""
+    started = asyncio.Event()
+    finished: list[str] = []
+
+    async def slow(event: Event[Any]) -> None:
+        started.set()
+        await asyncio.sleep(0.3)
+        finished.append(event.data.job_id)
+
+    await bus.publish(job_requested("job-inflight"))
+    async with consuming(bus, Subscription(service="svc", routes={JobRequested: slow})):
+        await started.wait()
+    assert finished == ["job-inflight"]
+
+    again = Recorder()
+    async with consuming(bus, subscription(again)):
+        await asyncio.sleep(0.5)
+    assert again.seen == []
+
+
+async def _count_is(awaitable: Any, n: int) -> bool:
+    return len(await awaitable) == n
+
+
+def _count(awaitable: Any, n: int) -> Any:
+    return _count_is(awaitable, n)
+
+
+async def test_a_batch_is_published_in_order_and_deduplicated(bus: EventBus) -> None:
+    events = [job_requested(f"job-{n}") for n in range(20)]
+    first = await bus.publish_many(events)
+    again = await bus.publish_many(events[:5])
+    assert [ack.duplicate for ack in first] == [False] * 20
+    assert [ack.duplicate for ack in again] == [True] * 5
+    stored = await bus.read(subject_for(JobRequested, bus.prefix))
+    assert [m.headers["Nats-Msg-Id"] for m in stored] == [e.id for e in events]

@@ -1,0 +1,1 @@
+"""Hand-written fakes of our own ports, for unit tests."""

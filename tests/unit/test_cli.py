@@ -1,0 +1,77 @@
+"""The CLI answers bad input with one line and a non-zero exit, never a traceback."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from shared.localstack.nats_server import free_port
+
+
+def spotrain(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", "from shared.cli.app import main; main()", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=60,
+        check=False,
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        pytest.param(["--bogus"], "No such option: --bogus", id="unknown-flag"),
+        pytest.param(["nonsense"], "No such command 'nonsense'", id="unknown-command"),
+        pytest.param(
+            ["schema", "--out"], "Option '--out' requires an argument", id="missing-value"
+        ),
+        pytest.param(
+            ["demo", "--timeout-s", "soon"], "Invalid value for '--timeout-s'", id="bad-number"
+        ),
+    ],
+)
+def test_a_bad_argument_gets_one_line_and_exit_2(args: list[str], message: str) -> None:
+    result = spotrain(*args)
+    assert result.returncode == 2
+    assert result.stderr.startswith("spotrain: error: ")
+    assert message in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert "Traceback" not in result.stderr
+
+
+def test_the_demo_without_a_stack_says_to_start_it() -> None:
+    result = spotrain("demo", env={"SPOTRAIN_NATS_URL": f"nats://127.0.0.1:{free_port()}"})
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        f"spotrain: error: the stack is not running (no NATS at "
+        f"{result.stderr.split('no NATS at ')[1].split(')')[0]}); start it: spotrain up"
+    ]
+
+
+def test_status_of_a_stack_that_is_not_up_exits_1(tmp_path: Path) -> None:
+    result = spotrain("status", env={"SPOTRAIN_LOCAL_HOME": str(tmp_path)})
+    assert result.returncode == 1
+    assert "stopped" in result.stdout
+    assert "Traceback" not in result.stderr
+
+
+def test_schema_writes_the_event_documents(tmp_path: Path) -> None:
+    result = spotrain("schema", "--out", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "asyncapi.json").exists()
+    assert (tmp_path / "schemas" / "spotrain.job.requested.v1.json").exists()
+
+
+def test_the_cli_does_not_import_ray() -> None:
+    """The CLI must answer in well under a second; importing Ray alone takes half of one."""
+    probe = "import sys; import shared.cli.app, shared.cli.demo; print('ray' in sys.modules)"
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert result.stdout.strip() == "False"
