@@ -6,17 +6,18 @@ pass the same contract tests.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
 
 import structlog
 from prometheus_client import Counter, Histogram
 
-from shared.events import Event, EventData, InvalidEventError, decode, spec_for
+from shared.events import Event, EventData, InvalidEventError, InvalidReason, decode, spec_for
 from shared.messaging.metrics import DEAD_LETTERS, EVENTS_HANDLED, HANDLER_SECONDS
 
 log = structlog.get_logger()
@@ -53,12 +54,8 @@ class Unhandleable(Exception):  # noqa: N818  # an outcome, like RetryLater
 
 
 class DeadLetterReason(StrEnum):
-    TOO_LARGE = "too-large"
-    NOT_JSON = "not-json"
-    NOT_AN_EVENT = "not-an-event"
-    UNKNOWN_TYPE = "unknown-type"
-    UNKNOWN_VERSION = "unknown-version"
-    INVALID_DATA = "invalid-data"
+    """Why a valid event was dead-lettered; an invalid one carries its `InvalidReason`."""
+
     WRONG_SUBJECT = "wrong-subject"
     NO_HANDLER = "no-handler"
     UNHANDLEABLE = "unhandleable"
@@ -91,6 +88,39 @@ class Subscription:
         return self.service
 
 
+class HandlerTasks:
+    """The handlers a consumer has running: at most `limit`, awaited when the consumer
+    stops, and cancelled if the consumer itself is cancelled (past the grace period),
+    in which case their messages are redelivered."""
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    @property
+    def free(self) -> int:
+        return self._limit - len(self._tasks)
+
+    async def wait_for_slot(self) -> None:
+        while self.free <= 0:
+            await asyncio.wait(self._tasks, return_when=asyncio.FIRST_COMPLETED)
+
+    def start(self, handling: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(handling)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
+        if exc_type is not None and issubclass(exc_type, asyncio.CancelledError):
+            for task in self._tasks:
+                task.cancel()
+        if self._tasks:
+            await asyncio.wait(self._tasks)
+
+
 @dataclass(frozen=True)
 class Delivery:
     """One message as a consumer received it, whatever the bus."""
@@ -113,7 +143,7 @@ class Nak:
 
 @dataclass(frozen=True)
 class DeadLetter:
-    reason: DeadLetterReason
+    reason: InvalidReason | DeadLetterReason
     detail: str
 
 
@@ -144,7 +174,7 @@ async def _settle(
     try:
         event = decode(delivery.data)
     except InvalidEventError as error:
-        return DeadLetter(DeadLetterReason(error.reason.value), error.detail), _UNDECODED
+        return DeadLetter(error.reason, error.detail), _UNDECODED
 
     model = type(event.data)
     expected_subject = spec_for(model).subject(prefix)

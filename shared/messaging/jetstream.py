@@ -26,7 +26,15 @@ from nats.js.api import (
 
 from shared.events import Event, all_subjects, dlq_subject, encode, spec_for, subjects_for
 from shared.messaging.dead_letters import MSG_ID, dead_letter_headers
-from shared.messaging.delivery import Ack, DeadLetter, Delivery, Nak, Subscription, settle
+from shared.messaging.delivery import (
+    Ack,
+    DeadLetter,
+    Delivery,
+    HandlerTasks,
+    Nak,
+    Subscription,
+    settle,
+)
 from shared.messaging.ports import PublishAck, StoredMessage
 from shared.messaging.settings import BusSettings
 
@@ -177,35 +185,23 @@ class JetStreamBus:
 
     async def consume(self, subscription: Subscription, stop: asyncio.Event) -> None:
         psub = await self._subscribe(subscription)
-        in_flight: set[asyncio.Task[None]] = set()
         try:
-            while not stop.is_set():
-                free = subscription.max_concurrency - len(in_flight)
-                if free <= 0:
-                    await asyncio.wait(in_flight, return_when=asyncio.FIRST_COMPLETED)
-                    continue
-                try:
-                    messages = await psub.fetch(free, timeout=0.5)
-                except nats.errors.TimeoutError:
-                    continue
-                except _TRANSIENT as error:
-                    log.warning(
-                        "consumer.fetch_failed", service=subscription.service, error=str(error)
-                    )
-                    await asyncio.sleep(0.5)
-                    continue
-                for msg in messages:
-                    task = asyncio.create_task(self._handle(msg, subscription))
-                    in_flight.add(task)
-                    task.add_done_callback(in_flight.discard)
-        except asyncio.CancelledError:
-            # Past the grace period: abandon the handlers; their messages are redelivered.
-            for task in in_flight:
-                task.cancel()
-            raise
+            async with HandlerTasks(subscription.max_concurrency) as handlers:
+                while not stop.is_set():
+                    await handlers.wait_for_slot()
+                    try:
+                        messages = await psub.fetch(handlers.free, timeout=0.5)
+                    except nats.errors.TimeoutError:
+                        continue
+                    except _TRANSIENT as error:
+                        log.warning(
+                            "consumer.fetch_failed", service=subscription.service, error=str(error)
+                        )
+                        await asyncio.sleep(0.5)
+                        continue
+                    for msg in messages:
+                        handlers.start(self._handle(msg, subscription))
         finally:
-            if in_flight:
-                await asyncio.wait(in_flight)
             # Leftover pull-status messages would otherwise hold up the connection's drain.
             with contextlib.suppress(*_TRANSIENT):
                 await psub.unsubscribe()

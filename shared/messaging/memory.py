@@ -15,7 +15,15 @@ import structlog
 
 from shared.events import DEFAULT_PREFIX, Event, dlq_subject, encode, spec_for, subjects_for
 from shared.messaging.dead_letters import MSG_ID, dead_letter_headers
-from shared.messaging.delivery import Ack, DeadLetter, Delivery, Nak, Subscription, settle
+from shared.messaging.delivery import (
+    Ack,
+    DeadLetter,
+    Delivery,
+    HandlerTasks,
+    Nak,
+    Subscription,
+    settle,
+)
 from shared.messaging.ports import PublishAck, StoredMessage
 
 log = structlog.get_logger()
@@ -84,33 +92,22 @@ class InMemoryBus:
             subscription.durable,
             _Consumer(filters=subjects_for(subscription.routes, self._prefix)),
         )
-        semaphore = asyncio.Semaphore(subscription.max_concurrency)
-        in_flight: set[asyncio.Task[None]] = set()
         stopping = asyncio.create_task(stop.wait())
         try:
-            while not stop.is_set():
-                self._admit_new(consumer)
-                if consumer.ready.empty():
-                    self._stored.clear()
-                    waiting = asyncio.create_task(self._next_ready(consumer))
-                    await asyncio.wait({waiting, stopping}, return_when=asyncio.FIRST_COMPLETED)
-                    waiting.cancel()
-                    continue
-                await semaphore.acquire()
-                seq = consumer.ready.get_nowait()
-                task = asyncio.create_task(self._handle(seq, consumer, subscription))
-                task.add_done_callback(lambda _t: semaphore.release())
-                in_flight.add(task)
-                task.add_done_callback(in_flight.discard)
-        except asyncio.CancelledError:
-            # Past the grace period: abandon the handlers; their messages are redelivered.
-            for task in in_flight:
-                task.cancel()
-            raise
+            async with HandlerTasks(subscription.max_concurrency) as handlers:
+                while not stop.is_set():
+                    self._admit_new(consumer)
+                    if consumer.ready.empty():
+                        self._stored.clear()
+                        waiting = asyncio.create_task(self._next_ready(consumer))
+                        await asyncio.wait({waiting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+                        waiting.cancel()
+                        continue
+                    await handlers.wait_for_slot()
+                    seq = consumer.ready.get_nowait()
+                    handlers.start(self._handle(seq, consumer, subscription))
         finally:
             stopping.cancel()
-            if in_flight:
-                await asyncio.wait(in_flight)
 
     def _admit_new(self, consumer: _Consumer) -> None:
         while consumer.next_seq <= len(self.messages):
