@@ -4,15 +4,48 @@ from __future__ import annotations
 
 from contextlib import AsyncExitStack
 
-from services.submitter.handlers import SERVICE, SUBSCRIPTIONS, Deps
+from services.submitter.adapters.kv_job_store import KvJobStore, jobs_bucket
+from services.submitter.adapters.ray_jobs import RayJobSubmission
+from services.submitter.adapters.workspaces import ObjectStoreWorkspaces
+from services.submitter.handlers import SERVICE, SUBSCRIPTIONS, Deps, track_attempts
+from services.submitter.policy import Quotas
+from services.submitter.settings import SubmitterSettings
 from shared.clock import SystemClock
 from shared.messaging import EventBus, Subscription, bind_routes
-from shared.runtime import ServiceDefinition
+from shared.messaging.jetstream import JetStreamBus
+from shared.runtime import ServiceDefinition, Ticker
 
 
 async def bootstrap(bus: EventBus, stack: AsyncExitStack) -> ServiceDefinition:
-    deps = Deps(bus=bus, clock=SystemClock())
+    settings = SubmitterSettings()
+    if not isinstance(bus, JetStreamBus):
+        msg = "the submitter keeps its records in JetStream; it needs the JetStream bus"
+        raise TypeError(msg)
+    js = bus.client.jetstream()
+    deps = Deps(
+        bus=bus,
+        clock=SystemClock(),
+        store=await KvJobStore.open(js, jobs_bucket(bus.prefix)),
+        ray=RayJobSubmission(settings.ray_address),
+        workspaces=ObjectStoreWorkspaces(js, settings.workspace_cache_dir),
+        quotas=Quotas(
+            max_gpus_per_job=settings.max_gpus_per_job,
+            max_gpus_per_owner=settings.max_gpus_per_owner,
+        ),
+        checkpoint_root=settings.checkpoint_root,
+    )
+
+    async def track() -> None:
+        await track_attempts(deps)
+
     return ServiceDefinition(
         name=SERVICE,
-        subscriptions=[Subscription(service=SERVICE, routes=bind_routes(SUBSCRIPTIONS, deps))],
+        subscriptions=[
+            Subscription(
+                service=SERVICE,
+                routes=bind_routes(SUBSCRIPTIONS, deps),
+                max_concurrency=settings.max_concurrency,
+            )
+        ],
+        tickers=[Ticker(name="track-attempts", interval_s=settings.track_interval_s, tick=track)],
     )

@@ -1,4 +1,7 @@
-"""The submitter's reactions to events; the SUBSCRIPTIONS table at the bottom says which."""
+"""The submitter's reactions: requests and cancellations from the bus, and a tracker that
+follows each attempt in Ray. Read → decide (policy) → publish → write, in that order, so
+that a crash between two steps is repaired by doing them again: every event id is derived
+from the job and attempt, and Ray refuses a second job with the same submission id."""
 
 from __future__ import annotations
 
@@ -6,10 +9,20 @@ from dataclasses import dataclass
 
 import structlog
 
+from services.submitter import policy
+from services.submitter.model import Attempt, AttemptState, JobRecord, JobState
+from services.submitter.policy import Quotas, Reason, Transition
+from services.submitter.ports import JobStore, RayJobs, Revision, StaleRevisionError, Workspaces
 from shared.clock import Clock
 from shared.events import Event, EventData, new_event
-from shared.events.data import JobAccepted, JobCancelRequested, JobRequested
-from shared.messaging import EventPublisher, HandlerWithDeps
+from shared.events.data import (
+    JobAccepted,
+    JobCancelRequested,
+    JobRejected,
+    JobRequested,
+    RejectionReason,
+)
+from shared.messaging import EventPublisher, HandlerWithDeps, Unhandleable
 
 SERVICE = "submitter"
 log = structlog.get_logger()
@@ -19,28 +32,142 @@ log = structlog.get_logger()
 class Deps:
     bus: EventPublisher
     clock: Clock
+    store: JobStore
+    ray: RayJobs
+    workspaces: Workspaces
+    quotas: Quotas
+    checkpoint_root: str
+    """Each job checkpoints under `<checkpoint_root>/<job_id>`."""
 
 
 async def on_job_requested(event: Event[JobRequested], deps: Deps) -> None:
-    """Accept a request that passed the contract's validation.
-
-    The accepted event's id is derived from the job id, so a request delivered twice,
-    or replayed later, is accepted once: the server drops the second copy.
-    """
+    """Admit a request once, then drive it forward; a repeat only repairs missing steps."""
     request = event.data
-    accepted = new_event(
-        JobAccepted(job_id=request.job_id, owner=request.owner, experiment=request.experiment),
-        source=SERVICE,
-        time=deps.clock.now(),
-        event_id=f"job-accepted-{request.job_id}",
-        subject=request.job_id,
+    found = await deps.store.get(request.job_id)
+    if found is None:
+        found = await _admit(event, deps)
+    record, _ = found
+    if record.request != request:
+        msg = f"job id {request.job_id} is already taken by another request"
+        raise Unhandleable(msg)
+    if record.state is JobState.REJECTED:
+        rejected = JobRejected(
+            job_id=record.job_id,
+            reason=record.rejection or RejectionReason.INVALID,
+            detail=record.detail or "",
+        )
+        await _publish(deps, rejected, f"rejected-{record.job_id}")
+        log.info("job.rejected", detail=record.detail)
+        return
+    await _publish(
+        deps,
+        JobAccepted(job_id=record.job_id, owner=request.owner, experiment=request.experiment),
+        f"accepted-{record.job_id}",
     )
-    ack = await deps.bus.publish(accepted)
-    log.info("job.accepted", owner=request.owner, duplicate=ack.duplicate)
+    first = record.attempts[0]
+    await _publish(deps, policy.queued_event(record, first.number), f"queued-{record.job_id}-1")
+    if record.current is first and first.state is AttemptState.SUBMITTED:
+        await _submit(record, first, deps)
+    log.info("job.queued", owner=request.owner, gpus=record.gpus)
 
 
 async def on_job_cancel_requested(event: Event[JobCancelRequested], deps: Deps) -> None:
+    found = await deps.store.get(event.data.job_id)
+    if found is None:
+        msg = f"no job {event.data.job_id} to cancel"
+        raise Unhandleable(msg)
+    record, revision = found
+    transition = policy.cancel(record, deps.clock.now())
+    await _apply(transition, revision, deps)
+    attempt = transition.record.current
+    if transition.record.cancel_requested and attempt and attempt.state in _LIVE:
+        await deps.ray.stop(attempt.submission_id)
     log.info("job.cancel_requested", requested_by=event.data.requested_by)
+
+
+async def track_attempts(deps: Deps) -> None:
+    """One pass over active jobs: ask Ray about each current attempt, record what changed.
+
+    Reading the bucket every pass is also how a restarted submitter re-attaches to the
+    attempts already running.
+    """
+    for record, revision in await deps.store.all():
+        attempt = record.current
+        if not record.is_active or attempt is None or attempt.state not in _LIVE:
+            continue
+        with structlog.contextvars.bound_contextvars(job_id=record.job_id):
+            status = await deps.ray.status(attempt.submission_id)
+            transition = policy.on_ray_status(record, status, deps.clock.now())
+            if transition.reason is Reason.NOT_SUBMITTED:
+                # Accepted, but the process died before Ray heard of the attempt.
+                await _submit(record, attempt, deps)
+                continue
+            if record.cancel_requested and transition.event is None:
+                await deps.ray.stop(attempt.submission_id)
+            await _apply(transition, revision, deps)
+
+
+_LIVE = (AttemptState.SUBMITTED, AttemptState.RUNNING)
+
+
+async def _admit(event: Event[JobRequested], deps: Deps) -> tuple[JobRecord, Revision]:
+    request = event.data
+    in_use = sum(
+        record.gpus
+        for record, _ in await deps.store.all()
+        if record.is_active and record.request.owner == request.owner
+    )
+    decision = policy.admit(request, owner_gpus_in_use=in_use, quotas=deps.quotas)
+    record = policy.new_record(request, event.id, decision, deps.clock.now())
+    revision = await deps.store.create(record)
+    if revision is None:
+        # Another delivery of the same request got there first; carry on from its record.
+        found = await deps.store.get(request.job_id)
+        if found is None:
+            msg = f"job {request.job_id} vanished while it was being created"
+            raise RuntimeError(msg)
+        return found
+    return record, revision
+
+
+async def _submit(record: JobRecord, attempt: Attempt, deps: Deps) -> None:
+    working_dir = None
+    if record.request.working_dir is not None:
+        working_dir = await deps.workspaces.unpack(record.request.working_dir)
+    plan = policy.plan_submission(
+        record,
+        attempt.number,
+        checkpoint_uri=f"{deps.checkpoint_root.rstrip('/')}/{record.job_id}",
+        resume_from=None,
+    )
+    await deps.ray.submit(plan, working_dir)
+    log.info("attempt.submitted", submission_id=plan.submission_id)
+
+
+async def _apply(transition: Transition, revision: Revision, deps: Deps) -> None:
+    """Publish the transition's fact, then write its record; the next pass repairs a gap."""
+    if transition.event is not None:
+        await _publish(deps, transition.event, transition.event_key)
+    if transition.reason is not Reason.UNCHANGED or transition.record.cancel_requested:
+        try:
+            await deps.store.update(transition.record, revision)
+        except StaleRevisionError:
+            log.info("job.record_moved_on", reason=transition.reason.value)
+            return
+        log.info(
+            "job.transition", reason=transition.reason.value, state=transition.record.state.value
+        )
+
+
+async def _publish(deps: Deps, data: EventData, key: str) -> None:
+    event = new_event(
+        data,
+        source=SERVICE,
+        time=deps.clock.now(),
+        event_id=f"job-{key}",
+        subject=getattr(data, "job_id", None),
+    )
+    await deps.bus.publish(event)
 
 
 SUBSCRIPTIONS: dict[type[EventData], HandlerWithDeps[Deps]] = {

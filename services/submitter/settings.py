@@ -2,10 +2,39 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from pydantic import AliasChoices, Field
 from pydantic_settings import SettingsConfigDict
 
 from shared.runtime import RuntimeSettings
 
 
 class SubmitterSettings(RuntimeSettings):
-    model_config = SettingsConfigDict(env_prefix="SPOTRAIN_SUBMITTER_", extra="ignore", frozen=True)
+    model_config = SettingsConfigDict(
+        env_prefix="SPOTRAIN_SUBMITTER_", extra="ignore", frozen=True, populate_by_name=True
+    )
+
+    ray_address: str = Field(
+        "http://127.0.0.1:8265",
+        validation_alias=AliasChoices("SPOTRAIN_SUBMITTER_RAY_ADDRESS", "SPOTRAIN_RAY_ADDRESS"),
+    )
+    """The Ray dashboard's address, where the Job Submission API lives."""
+    checkpoint_root: str = Field(
+        default_factory=lambda: _home("checkpoints").as_uri(),
+        validation_alias=AliasChoices(
+            "SPOTRAIN_SUBMITTER_CHECKPOINT_ROOT", "SPOTRAIN_CHECKPOINT_ROOT"
+        ),
+    )
+    """Where jobs checkpoint: a `file://` folder locally, `gs://bucket/prefix` on GKE."""
+    workspace_cache_dir: Path = Field(
+        default_factory=lambda: Path.home() / ".spotrain" / "workspaces"
+    )
+    max_gpus_per_job: int = Field(8, ge=0)
+    max_gpus_per_owner: int = Field(16, ge=0)
+    track_interval_s: float = Field(1.0, gt=0)
+    max_concurrency: int = Field(8, ge=1)
+
+
+def _home(folder: str) -> Path:
+    return Path.home() / ".spotrain" / folder

@@ -1,24 +1,151 @@
-"""The submitter's handlers through the in-memory bus."""
+"""The submitter's handlers through the in-memory bus and fakes of its ports."""
 
 from __future__ import annotations
 
-from services.submitter.handlers import Deps, on_job_requested
-from shared.events import decode, subject_for
-from shared.events.data import JobAccepted
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from services.submitter.handlers import (
+    Deps,
+    on_job_cancel_requested,
+    on_job_requested,
+    track_attempts,
+)
+from services.submitter.model import RayJobState
+from services.submitter.policy import Quotas
+from shared.events import decode, new_event
+from shared.events.data import JobCancelRequested
+from shared.messaging import Unhandleable
 from shared.messaging.memory import InMemoryBus
-from tests.events import job_requested
+from tests.events import NOW, job_requested
 from tests.fakes.clock import FixedClock
+from tests.fakes.submitter import FakeRay, FakeWorkspaces, InMemoryJobStore
 
 
-async def test_a_request_is_accepted_once_however_often_it_arrives() -> None:
-    bus = InMemoryBus()
-    clock = FixedClock()
-    deps = Deps(bus=bus, clock=clock)
+@pytest.fixture
+def deps(tmp_path: Path) -> Deps:
+    return Deps(
+        bus=InMemoryBus(),
+        clock=FixedClock(),
+        store=InMemoryJobStore(),
+        ray=FakeRay(),
+        workspaces=FakeWorkspaces(tmp_path),
+        quotas=Quotas(max_gpus_per_job=4, max_gpus_per_owner=4),
+        checkpoint_root="file:///checkpoints",
+    )
+
+
+def published(deps: Deps) -> list[tuple[str, Any]]:
+    bus = deps.bus
+    assert isinstance(bus, InMemoryBus)
+    return [(decode(m.data).type.split(".")[2], decode(m.data).data) for m in bus.messages]
+
+
+def types(deps: Deps) -> list[str]:
+    return [kind for kind, _ in published(deps)]
+
+
+def ray(deps: Deps) -> FakeRay:
+    assert isinstance(deps.ray, FakeRay)
+    return deps.ray
+
+
+async def test_a_request_is_accepted_queued_and_submitted_once_however_often_it_arrives(
+    deps: Deps,
+) -> None:
     request = job_requested("job-7", experiment="resnet")
     await on_job_requested(request, deps)
     await on_job_requested(request, deps)
-    [stored] = await bus.read(subject_for(JobAccepted))
-    accepted = decode(stored.data)
-    assert accepted.data == JobAccepted(job_id="job-7", owner="alice", experiment="resnet")
-    assert accepted.time == clock.now()
-    assert accepted.subject == "job-7"
+    assert types(deps) == ["accepted", "queued"]
+    [(plan, _)] = ray(deps).submitted
+    assert plan.submission_id == "job-7-1"
+    assert plan.env_vars["SPOTRAIN_CHECKPOINT_URI"] == "file:///checkpoints/job-7"
+
+
+async def test_a_request_over_quota_is_rejected_with_the_reason(deps: Deps) -> None:
+    request = job_requested("job-big", worker={"gpus": 4}, num_workers=2)
+    await on_job_requested(request, deps)
+    [(kind, rejected)] = published(deps)
+    assert kind == "rejected"
+    assert rejected.detail == "the job asks for 8 GPUs; the limit per job is 4"
+    assert ray(deps).submitted == []
+
+
+async def test_an_owners_running_jobs_count_against_the_next_request(deps: Deps) -> None:
+    await on_job_requested(job_requested("job-a", worker={"gpus": 3}), deps)
+    await on_job_requested(job_requested("job-b", worker={"gpus": 2}), deps)
+    assert types(deps) == ["accepted", "queued", "rejected"]
+
+
+async def test_a_job_id_reused_by_another_request_is_unhandleable(deps: Deps) -> None:
+    await on_job_requested(job_requested("job-x"), deps)
+    with pytest.raises(Unhandleable, match="already taken"):
+        await on_job_requested(job_requested("job-x", entrypoint=("python", "other.py")), deps)
+
+
+async def test_the_tracker_follows_an_attempt_to_success(deps: Deps) -> None:
+    await on_job_requested(job_requested("job-ok"), deps)
+    await track_attempts(deps)
+    ray(deps).set("job-ok-1", RayJobState.RUNNING)
+    await track_attempts(deps)
+    await track_attempts(deps)
+    ray(deps).set("job-ok-1", RayJobState.SUCCEEDED)
+    await track_attempts(deps)
+    await track_attempts(deps)
+    assert types(deps) == ["accepted", "queued", "started", "succeeded"]
+    assert isinstance(deps.store, InMemoryJobStore)
+    assert deps.store.state_of("job-ok") == "succeeded"
+
+
+async def test_a_script_error_fails_the_job_and_a_lost_node_interrupts_it(deps: Deps) -> None:
+    await on_job_requested(job_requested("job-bug"), deps)
+    await on_job_requested(job_requested("job-lost", owner="bob"), deps)
+    ray(deps).set(
+        "job-bug-1",
+        RayJobState.FAILED,
+        error_type="JOB_ENTRYPOINT_COMMAND_ERROR",
+        message="ZeroDivisionError",
+    )
+    ray(deps).set(
+        "job-lost-1",
+        RayJobState.FAILED,
+        error_type="JOB_SUPERVISOR_ACTOR_DIED",
+        message="node died",
+    )
+    await track_attempts(deps)
+    ended = dict(published(deps)[-2:])
+    assert ended["failed"].message == "ZeroDivisionError"
+    assert ended["interrupted"].job_id == "job-lost"
+
+
+async def test_a_restarted_submitter_submits_an_attempt_ray_never_heard_of(deps: Deps) -> None:
+    await on_job_requested(job_requested("job-crash"), deps)
+    ray(deps).statuses.clear()  # as if the process died between the record and Ray
+    ray(deps).submitted.clear()
+    await track_attempts(deps)
+    assert [plan.submission_id for plan, _ in ray(deps).submitted] == ["job-crash-1"]
+
+
+async def test_cancel_stops_the_running_attempt_and_ends_the_job(deps: Deps) -> None:
+    await on_job_requested(job_requested("job-c"), deps)
+    ray(deps).set("job-c-1", RayJobState.RUNNING)
+    await track_attempts(deps)
+    cancel = new_event(
+        JobCancelRequested(job_id="job-c", requested_by="alice"), source="t", time=NOW
+    )
+    await on_job_cancel_requested(cancel, deps)
+    assert ray(deps).stopped == ["job-c-1"]
+    await track_attempts(deps)
+    assert types(deps)[-1] == "cancelled"
+    assert isinstance(deps.store, InMemoryJobStore)
+    assert deps.store.state_of("job-c") == "cancelled"
+
+
+async def test_cancelling_an_unknown_job_is_unhandleable(deps: Deps) -> None:
+    cancel = new_event(
+        JobCancelRequested(job_id="nope", requested_by="alice"), source="t", time=NOW
+    )
+    with pytest.raises(Unhandleable, match="no job nope"):
+        await on_job_cancel_requested(cancel, deps)

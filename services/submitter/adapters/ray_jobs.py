@@ -1,0 +1,85 @@
+"""`RayJobs` on Ray's Job Submission API (the dashboard's REST API, through Ray's SDK).
+
+The SDK is synchronous; each call runs in a worker thread so the event loop stays free.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from services.submitter.model import RayJobState, RayJobStatus, SubmissionPlan
+
+if TYPE_CHECKING:
+    from ray.job_submission import JobSubmissionClient
+
+
+class RayJobSubmission:
+    def __init__(self, address: str) -> None:
+        self._address = address
+        self._client: JobSubmissionClient | None = None
+
+    def _connect(self) -> JobSubmissionClient:
+        # Imported here: Ray takes half a second to import, and the client checks the
+        # cluster's version when it is built.
+        from ray.job_submission import JobSubmissionClient  # noqa: PLC0415
+
+        if self._client is None:
+            self._client = JobSubmissionClient(self._address)
+        return self._client
+
+    async def submit(self, plan: SubmissionPlan, working_dir: Path | None) -> None:
+        runtime_env: dict[str, Any] = {"env_vars": plan.env_vars}
+        if working_dir is not None:
+            runtime_env["working_dir"] = str(working_dir)
+        if plan.pip:
+            runtime_env["pip"] = list(plan.pip)
+
+        def submit() -> None:
+            client = self._connect()
+            try:
+                client.submit_job(
+                    entrypoint=plan.entrypoint,
+                    submission_id=plan.submission_id,
+                    runtime_env=runtime_env,
+                    metadata=plan.metadata,
+                    entrypoint_num_cpus=plan.entrypoint_num_cpus,
+                    entrypoint_num_gpus=plan.entrypoint_num_gpus,
+                    entrypoint_memory=plan.entrypoint_memory_bytes or None,
+                    entrypoint_resources=plan.entrypoint_resources or None,
+                )
+            except RuntimeError as error:
+                if "already exists" not in str(error):
+                    raise
+
+        await asyncio.to_thread(submit)
+
+    async def status(self, submission_id: str) -> RayJobStatus | None:
+        def status() -> RayJobStatus | None:
+            client = self._connect()
+            try:
+                info = client.get_job_info(submission_id)
+            except RuntimeError as error:
+                if "404" in str(error) or "does not exist" in str(error):
+                    return None
+                raise
+            return RayJobStatus(
+                state=RayJobState(str(info.status.value)),
+                message=info.message,
+                error_type=str(info.error_type) if info.error_type else None,
+                exit_code=info.driver_exit_code,
+            )
+
+        return await asyncio.to_thread(status)
+
+    async def stop(self, submission_id: str) -> None:
+        def stop() -> None:
+            client = self._connect()
+            try:
+                client.stop_job(submission_id)
+            except RuntimeError as error:
+                if "404" not in str(error) and "does not exist" not in str(error):
+                    raise
+
+        await asyncio.to_thread(stop)

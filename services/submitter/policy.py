@@ -1,0 +1,275 @@
+"""The submitter's decisions, pure: admission under quotas, what to submit to Ray, and
+how a job's record moves when Ray reports on an attempt. No I/O, no clock, no ids."""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from datetime import datetime
+from enum import StrEnum
+
+from services.submitter.model import (
+    Attempt,
+    AttemptState,
+    FailureKind,
+    JobRecord,
+    JobState,
+    RayJobState,
+    RayJobStatus,
+    SubmissionPlan,
+)
+from shared.events.data import (
+    EventData,
+    InterruptionCause,
+    JobCancelled,
+    JobFailed,
+    JobInterrupted,
+    JobQueued,
+    JobRequested,
+    JobStarted,
+    JobSucceeded,
+    RejectionReason,
+)
+from shared.events.types import Bundle, Frozen
+from shared.resources import RESOURCE_PER_JOB, capacity_resource
+
+
+class Quotas(Frozen):
+    max_gpus_per_job: int = 8
+    max_gpus_per_owner: int = 16
+    """GPUs one owner's active jobs may hold at once."""
+
+
+@dataclass(frozen=True)
+class Accept:
+    gpus: int
+
+
+@dataclass(frozen=True)
+class Reject:
+    reason: RejectionReason
+    detail: str
+
+
+Admission = Accept | Reject
+
+
+def admit(request: JobRequested, *, owner_gpus_in_use: int, quotas: Quotas) -> Admission:
+    """Accept a request within the quotas; otherwise say which limit and by how much."""
+    gpus = request.worker.gpus * request.num_workers
+    if gpus > quotas.max_gpus_per_job:
+        return Reject(
+            RejectionReason.QUOTA_EXCEEDED,
+            f"the job asks for {gpus} GPUs; the limit per job is {quotas.max_gpus_per_job}",
+        )
+    if owner_gpus_in_use + gpus > quotas.max_gpus_per_owner:
+        return Reject(
+            RejectionReason.QUOTA_EXCEEDED,
+            f"{request.owner} already holds {owner_gpus_in_use} GPUs; with this job's {gpus} "
+            f"that is {owner_gpus_in_use + gpus}, over the limit of {quotas.max_gpus_per_owner}",
+        )
+    return Accept(gpus=gpus)
+
+
+def new_record(
+    request: JobRequested, request_event_id: str, decision: Admission, now: datetime
+) -> JobRecord:
+    """The first record of a job: rejected with its reason, or queued with attempt 1."""
+    if isinstance(decision, Reject):
+        return JobRecord(
+            request=request,
+            request_event_id=request_event_id,
+            state=JobState.REJECTED,
+            accepted_at=now,
+            updated_at=now,
+            rejection=decision.reason,
+            detail=decision.detail,
+        )
+    first = Attempt(number=1, submission_id=submission_id(request.job_id, 1), submitted_at=now)
+    return JobRecord(
+        request=request,
+        request_event_id=request_event_id,
+        state=JobState.QUEUED,
+        accepted_at=now,
+        updated_at=now,
+        attempts=(first,),
+    )
+
+
+def bundles_of(request: JobRequested) -> tuple[Bundle, ...]:
+    """The job's demand: one bundle per worker, to be placed all or none."""
+    return (request.worker,) * request.num_workers
+
+
+def submission_id(job_id: str, attempt: int) -> str:
+    return f"{job_id}-{attempt}"
+
+
+def queued_event(record: JobRecord, attempt: int) -> JobQueued:
+    request = record.request
+    return JobQueued(
+        job_id=request.job_id,
+        attempt=attempt,
+        bundles=bundles_of(request),
+        capacity=request.capacity,
+        priority=request.priority,
+    )
+
+
+def plan_submission(
+    record: JobRecord, attempt: int, *, checkpoint_uri: str, resume_from: str | None
+) -> SubmissionPlan:
+    """What Ray gets for one attempt: a quoted command, its pinning, the training contract."""
+    request = record.request
+    single_node = request.num_workers == 1
+    pin = capacity_resource(request.capacity)
+    env = {
+        **request.env,
+        "SPOTRAIN_JOB_ID": request.job_id,
+        "SPOTRAIN_ATTEMPT": str(attempt),
+        "SPOTRAIN_CHECKPOINT_URI": checkpoint_uri,
+        "SPOTRAIN_NUM_WORKERS": str(request.num_workers),
+        "SPOTRAIN_GPUS_PER_WORKER": str(request.worker.gpus),
+    }
+    if resume_from:
+        env["SPOTRAIN_RESUME_FROM"] = resume_from
+    metadata = {"job_id": request.job_id, "attempt": str(attempt), "owner": request.owner}
+    if request.experiment:
+        metadata["experiment"] = request.experiment
+    return SubmissionPlan(
+        submission_id=submission_id(request.job_id, attempt),
+        # An argv list, quoted here: no user string reaches a shell unquoted.
+        entrypoint=shlex.join(request.entrypoint),
+        # A single-node job's driver is its worker; a multi-node driver only coordinates
+        # the workers it places itself (Ray Train), so it holds no GPU.
+        entrypoint_num_cpus=request.worker.cpus if single_node else 0,
+        entrypoint_num_gpus=request.worker.gpus if single_node else 0,
+        entrypoint_memory_bytes=int(request.worker.memory_gb * 1024**3) if single_node else 0,
+        entrypoint_resources={pin: RESOURCE_PER_JOB} if pin else {},
+        env_vars=env,
+        pip=request.pip,
+        metadata=metadata,
+    )
+
+
+class Reason(StrEnum):
+    NOT_SUBMITTED = "not-submitted"
+    UNCHANGED = "unchanged"
+    STARTED = "started"
+    SUCCEEDED = "succeeded"
+    USER_ERROR = "user-error"
+    NODE_LOST = "node-lost"
+    CANCELLED = "cancelled"
+
+
+@dataclass(frozen=True)
+class Transition:
+    """A job's next record and the fact to publish about it (keyed for a stable event id)."""
+
+    reason: Reason
+    record: JobRecord
+    event: EventData | None = None
+    event_key: str = ""
+
+
+# Ray reports these when the process supervising the job vanished with its node.
+_NODE_LOSS_ERRORS = frozenset({"JOB_SUPERVISOR_ACTOR_DIED", "JOB_SUPERVISOR_ACTOR_UNKNOWN_FAILURE"})
+
+
+def classify_failure(status: RayJobStatus) -> FailureKind:
+    """A failed attempt is the user's unless Ray says its node went away under it."""
+    if status.error_type in _NODE_LOSS_ERRORS:
+        return FailureKind.NODE_LOST
+    return FailureKind.USER_ERROR
+
+
+def on_ray_status(record: JobRecord, status: RayJobStatus | None, now: datetime) -> Transition:
+    """How the record moves given what Ray says of its current attempt."""
+    attempt = record.current
+    if attempt is None or attempt.state not in (AttemptState.SUBMITTED, AttemptState.RUNNING):
+        return Transition(Reason.UNCHANGED, record)
+    if status is None:
+        return Transition(Reason.NOT_SUBMITTED, record)
+    job_id, n = record.job_id, attempt.number
+    match status.state:
+        case RayJobState.PENDING:
+            return Transition(Reason.UNCHANGED, record)
+        case RayJobState.RUNNING:
+            if attempt.state is AttemptState.RUNNING:
+                return Transition(Reason.UNCHANGED, record)
+            started = attempt.model_copy(update={"state": AttemptState.RUNNING, "started_at": now})
+            return Transition(
+                Reason.STARTED,
+                _with_attempt(record, started, JobState.RUNNING, now),
+                JobStarted(job_id=job_id, attempt=n, submission_id=attempt.submission_id),
+                f"started-{job_id}-{n}",
+            )
+        case RayJobState.SUCCEEDED:
+            ended = _ended(attempt, AttemptState.SUCCEEDED, now, status.message)
+            return Transition(
+                Reason.SUCCEEDED,
+                _with_attempt(record, ended, JobState.SUCCEEDED, now),
+                JobSucceeded(job_id=job_id, attempt=n),
+                f"succeeded-{job_id}-{n}",
+            )
+        case RayJobState.STOPPED:
+            return _cancelled(record, attempt, now, status.message)
+        case RayJobState.FAILED:
+            if record.cancel_requested:
+                return _cancelled(record, attempt, now, status.message)
+            message = status.message or "the job failed"
+            if classify_failure(status) is FailureKind.NODE_LOST:
+                lost = _ended(attempt, AttemptState.LOST, now, message)
+                return Transition(
+                    Reason.NODE_LOST,
+                    _with_attempt(record, lost, JobState.INTERRUPTED, now),
+                    JobInterrupted(
+                        job_id=job_id, attempt=n, node="unknown", cause=InterruptionCause.NODE_LOST
+                    ),
+                    f"interrupted-{job_id}-{n}",
+                )
+            failed = _ended(attempt, AttemptState.FAILED, now, message)
+            return Transition(
+                Reason.USER_ERROR,
+                _with_attempt(record, failed, JobState.FAILED, now),
+                JobFailed(job_id=job_id, attempt=n, message=message[-8000:]),
+                f"failed-{job_id}-{n}",
+            )
+
+
+def cancel(record: JobRecord, now: datetime) -> Transition:
+    """A cancellation request: flag the record; a job with nothing running ends at once."""
+    if not record.is_active:
+        return Transition(Reason.UNCHANGED, record)
+    flagged = record.model_copy(update={"cancel_requested": True, "updated_at": now})
+    attempt = record.current
+    if attempt is None or attempt.state not in (AttemptState.SUBMITTED, AttemptState.RUNNING):
+        ended = flagged.model_copy(update={"state": JobState.CANCELLED})
+        return Transition(
+            Reason.CANCELLED,
+            ended,
+            JobCancelled(job_id=record.job_id, attempt=attempt.number if attempt else None),
+            f"cancelled-{record.job_id}",
+        )
+    return Transition(Reason.UNCHANGED, flagged)
+
+
+def _cancelled(
+    record: JobRecord, attempt: Attempt, now: datetime, message: str | None
+) -> Transition:
+    stopped = _ended(attempt, AttemptState.STOPPED, now, message)
+    return Transition(
+        Reason.CANCELLED,
+        _with_attempt(record, stopped, JobState.CANCELLED, now),
+        JobCancelled(job_id=record.job_id, attempt=attempt.number),
+        f"cancelled-{record.job_id}",
+    )
+
+
+def _ended(attempt: Attempt, state: AttemptState, now: datetime, message: str | None) -> Attempt:
+    return attempt.model_copy(update={"state": state, "ended_at": now, "message": message})
+
+
+def _with_attempt(record: JobRecord, attempt: Attempt, state: JobState, now: datetime) -> JobRecord:
+    attempts = (*record.attempts[:-1], attempt)
+    return record.model_copy(update={"attempts": attempts, "state": state, "updated_at": now})

@@ -1,0 +1,77 @@
+"""Fakes of the submitter's ports, with the same semantics as the real adapters."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from services.submitter.model import JobRecord, RayJobState, RayJobStatus, SubmissionPlan
+from services.submitter.ports import Revision, StaleRevisionError
+from shared.events.types import ObjectRef
+
+
+class InMemoryJobStore:
+    def __init__(self) -> None:
+        self.records: dict[str, tuple[JobRecord, Revision]] = {}
+        self._revision = 0
+
+    def _next(self) -> Revision:
+        self._revision += 1
+        return self._revision
+
+    async def create(self, record: JobRecord) -> Revision | None:
+        if record.job_id in self.records:
+            return None
+        revision = self._next()
+        self.records[record.job_id] = (record, revision)
+        return revision
+
+    async def get(self, job_id: str) -> tuple[JobRecord, Revision] | None:
+        return self.records.get(job_id)
+
+    async def update(self, record: JobRecord, revision: Revision) -> Revision:
+        current = self.records.get(record.job_id)
+        if current is None or current[1] != revision:
+            raise StaleRevisionError(record.job_id)
+        new_revision = self._next()
+        self.records[record.job_id] = (record, new_revision)
+        return new_revision
+
+    async def all(self) -> list[tuple[JobRecord, Revision]]:
+        return list(self.records.values())
+
+    def state_of(self, job_id: str) -> str:
+        return self.records[job_id][0].state.value
+
+
+class FakeRay:
+    """Ray's Job Submission API as a table of submissions whose states a test sets."""
+
+    def __init__(self) -> None:
+        self.submitted: list[tuple[SubmissionPlan, Path | None]] = []
+        self.statuses: dict[str, RayJobStatus] = {}
+        self.stopped: list[str] = []
+
+    async def submit(self, plan: SubmissionPlan, working_dir: Path | None) -> None:
+        if plan.submission_id in self.statuses:
+            return
+        self.submitted.append((plan, working_dir))
+        self.statuses[plan.submission_id] = RayJobStatus(state=RayJobState.PENDING)
+
+    async def status(self, submission_id: str) -> RayJobStatus | None:
+        return self.statuses.get(submission_id)
+
+    async def stop(self, submission_id: str) -> None:
+        self.stopped.append(submission_id)
+        if submission_id in self.statuses:
+            self.statuses[submission_id] = RayJobStatus(state=RayJobState.STOPPED)
+
+    def set(self, submission_id: str, state: RayJobState, **fields: object) -> None:
+        self.statuses[submission_id] = RayJobStatus(state=state, **fields)  # type: ignore[arg-type]
+
+
+class FakeWorkspaces:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    async def unpack(self, ref: ObjectRef) -> Path:
+        return self.root / ref.sha256

@@ -1,0 +1,155 @@
+"""The submitter's pure decisions: admission, what Ray gets, how records move."""
+
+from __future__ import annotations
+
+import shlex
+from datetime import UTC, datetime
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from services.submitter import policy
+from services.submitter.model import AttemptState, JobRecord, JobState, RayJobState, RayJobStatus
+from services.submitter.policy import Accept, Quotas, Reason, Reject
+from shared.events.data import JobRequested, RejectionReason
+from shared.events.types import Bundle, CapacityClass
+
+NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+QUOTAS = Quotas(max_gpus_per_job=8, max_gpus_per_owner=12)
+
+
+def request(gpus: int = 1, workers: int = 1, **fields: object) -> JobRequested:
+    return JobRequested(
+        job_id=str(fields.pop("job_id", "job-1")),
+        owner="alice",
+        entrypoint=fields.pop("entrypoint", ("python", "train.py")),  # type: ignore[arg-type]
+        worker=Bundle(gpus=gpus, cpus=4, memory_gb=16),
+        num_workers=workers,
+        **fields,  # type: ignore[arg-type]
+    )
+
+
+@pytest.mark.parametrize(
+    ("gpus", "workers", "in_use", "expected"),
+    [
+        pytest.param(2, 1, 0, Accept(gpus=2), id="small-job-fits"),
+        pytest.param(4, 2, 4, Accept(gpus=8), id="at-the-per-job-limit"),
+        pytest.param(4, 3, 0, RejectionReason.QUOTA_EXCEEDED, id="over-the-per-job-limit"),
+        pytest.param(4, 1, 10, RejectionReason.QUOTA_EXCEEDED, id="owner-over-concurrent-limit"),
+        pytest.param(0, 4, 12, Accept(gpus=0), id="cpu-jobs-hold-no-gpus"),
+    ],
+)
+def test_admission_within_quotas(gpus: int, workers: int, in_use: int, expected: object) -> None:
+    decision = policy.admit(request(gpus, workers), owner_gpus_in_use=in_use, quotas=QUOTAS)
+    if isinstance(expected, Accept):
+        assert decision == expected
+    else:
+        assert isinstance(decision, Reject)
+        assert decision.reason is expected
+
+
+def test_a_rejection_says_which_limit_and_by_how_much() -> None:
+    decision = policy.admit(request(4), owner_gpus_in_use=10, quotas=QUOTAS)
+    assert decision == Reject(
+        RejectionReason.QUOTA_EXCEEDED,
+        "alice already holds 10 GPUs; with this job's 4 that is 14, over the limit of 12",
+    )
+
+
+@given(gpus=st.integers(0, 16), workers=st.integers(1, 8), in_use=st.integers(0, 40))
+def test_an_accepted_job_never_takes_an_owner_past_the_quota(
+    gpus: int, workers: int, in_use: int
+) -> None:
+    decision = policy.admit(request(gpus, workers), owner_gpus_in_use=in_use, quotas=QUOTAS)
+    if isinstance(decision, Accept):
+        assert decision.gpus <= QUOTAS.max_gpus_per_job
+        assert in_use + decision.gpus <= QUOTAS.max_gpus_per_owner
+
+
+def queued_record(req: JobRequested | None = None) -> JobRecord:
+    req = req or request(2)
+    return policy.new_record(req, "event-1", Accept(gpus=2), NOW)
+
+
+def test_a_submission_quotes_the_command_and_carries_the_training_contract() -> None:
+    hostile = ("python", "train.py", "--name", "x; rm -rf ~", "$(reboot)")
+    record = queued_record(
+        request(2, capacity=CapacityClass.SPOT, entrypoint=hostile, env={"SEED": "7"})
+    )
+    plan = policy.plan_submission(record, 1, checkpoint_uri="file:///ckpt/job-1", resume_from=None)
+    assert shlex.split(plan.entrypoint) == list(hostile)
+    assert plan.submission_id == "job-1-1"
+    assert plan.entrypoint_num_gpus == 2
+    assert plan.entrypoint_num_cpus == 4
+    assert plan.entrypoint_memory_bytes == 16 * 1024**3
+    assert plan.entrypoint_resources == {"spotrain-capacity-spot": 0.001}
+    assert plan.env_vars["SPOTRAIN_JOB_ID"] == "job-1"
+    assert plan.env_vars["SPOTRAIN_ATTEMPT"] == "1"
+    assert plan.env_vars["SPOTRAIN_CHECKPOINT_URI"] == "file:///ckpt/job-1"
+    assert plan.env_vars["SEED"] == "7"
+    assert "SPOTRAIN_RESUME_FROM" not in plan.env_vars
+
+
+def test_a_multi_node_driver_holds_no_gpu_and_any_capacity_pins_nothing() -> None:
+    plan = policy.plan_submission(
+        queued_record(request(2, workers=4)), 3, checkpoint_uri="gs://b/j", resume_from="gs://b/j/s"
+    )
+    assert (plan.entrypoint_num_gpus, plan.entrypoint_num_cpus) == (0, 0)
+    assert plan.entrypoint_resources == {}
+    assert plan.env_vars["SPOTRAIN_NUM_WORKERS"] == "4"
+    assert plan.env_vars["SPOTRAIN_RESUME_FROM"] == "gs://b/j/s"
+    assert plan.submission_id == "job-1-3"
+
+
+def status(state: RayJobState, **fields: object) -> RayJobStatus:
+    return RayJobStatus(state=state, **fields)  # type: ignore[arg-type]
+
+
+R, J, A = RayJobState, JobState, AttemptState
+SCRIPT_ERROR = status(R.FAILED, error_type="JOB_ENTRYPOINT_COMMAND_ERROR", message="exit 1")
+NODE_DIED = status(R.FAILED, error_type="JOB_SUPERVISOR_ACTOR_DIED", message="node died")
+
+
+@pytest.mark.parametrize(
+    ("ray", "reason", "job_state", "attempt_state"),
+    [
+        pytest.param(None, Reason.NOT_SUBMITTED, J.QUEUED, A.SUBMITTED, id="ray-never-heard"),
+        pytest.param(status(R.PENDING), Reason.UNCHANGED, J.QUEUED, A.SUBMITTED, id="pending"),
+        pytest.param(status(R.RUNNING), Reason.STARTED, J.RUNNING, A.RUNNING, id="running"),
+        pytest.param(status(R.SUCCEEDED), Reason.SUCCEEDED, J.SUCCEEDED, A.SUCCEEDED, id="done"),
+        pytest.param(SCRIPT_ERROR, Reason.USER_ERROR, J.FAILED, A.FAILED, id="users-error"),
+        pytest.param(NODE_DIED, Reason.NODE_LOST, J.INTERRUPTED, A.LOST, id="lost-node"),
+        pytest.param(status(R.STOPPED), Reason.CANCELLED, J.CANCELLED, A.STOPPED, id="stopped"),
+    ],
+)
+def test_ray_status_moves_the_record(
+    ray: RayJobStatus | None, reason: Reason, job_state: JobState, attempt_state: AttemptState
+) -> None:
+    transition = policy.on_ray_status(queued_record(), ray, NOW)
+    assert transition.reason is reason
+    assert transition.record.state is job_state
+    assert transition.record.attempts[-1].state is attempt_state
+
+
+def test_the_same_status_twice_changes_nothing_the_second_time() -> None:
+    running = policy.on_ray_status(queued_record(), status(RayJobState.RUNNING), NOW).record
+    again = policy.on_ray_status(running, status(RayJobState.RUNNING), NOW)
+    assert again.reason is Reason.UNCHANGED
+    assert again.event is None
+
+
+def test_a_failure_after_a_cancel_request_is_a_cancellation() -> None:
+    flagged = policy.cancel(queued_record(), NOW).record
+    transition = policy.on_ray_status(flagged, status(RayJobState.FAILED, message="killed"), NOW)
+    assert transition.reason is Reason.CANCELLED
+
+
+def test_cancelling_a_job_with_nothing_running_ends_it_at_once() -> None:
+    record = queued_record()
+    lost = policy.on_ray_status(
+        record, status(RayJobState.FAILED, error_type="JOB_SUPERVISOR_ACTOR_DIED"), NOW
+    ).record
+    transition = policy.cancel(lost, NOW)
+    assert transition.reason is Reason.CANCELLED
+    assert transition.record.state is JobState.CANCELLED
