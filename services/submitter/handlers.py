@@ -102,7 +102,7 @@ async def track_attempts(deps: Deps) -> None:
                 # Accepted, but the process died before Ray heard of the attempt.
                 await _submit(record, attempt, deps)
                 continue
-            if record.cancel_requested and transition.event is None:
+            if record.cancel_requested and not transition.facts:
                 await deps.ray.stop(attempt.submission_id)
             await _apply(transition, revision, deps)
 
@@ -145,9 +145,9 @@ async def _submit(record: JobRecord, attempt: Attempt, deps: Deps) -> None:
 
 
 async def _apply(transition: Transition, revision: Revision, deps: Deps) -> None:
-    """Publish the transition's fact, then write its record; the next pass repairs a gap."""
-    if transition.event is not None:
-        await _publish(deps, transition.event, transition.event_key)
+    """Publish the transition's facts, then write its record; the next pass repairs a gap."""
+    for fact in transition.facts:
+        await _publish(deps, fact.data, fact.key)
     if transition.reason is not Reason.UNCHANGED or transition.record.cancel_requested:
         try:
             await deps.store.update(transition.record, revision)

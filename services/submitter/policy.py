@@ -163,13 +163,20 @@ class Reason(StrEnum):
 
 
 @dataclass(frozen=True)
+class Fact:
+    """An event to publish, with the key its id is derived from (so a repeat is a duplicate)."""
+
+    key: str
+    data: EventData
+
+
+@dataclass(frozen=True)
 class Transition:
-    """A job's next record and the fact to publish about it (keyed for a stable event id)."""
+    """A job's next record and the facts to publish about it, in order."""
 
     reason: Reason
     record: JobRecord
-    event: EventData | None = None
-    event_key: str = ""
+    facts: tuple[Fact, ...] = ()
 
 
 # Ray reports these when the process supervising the job vanished with its node.
@@ -201,16 +208,17 @@ def on_ray_status(record: JobRecord, status: RayJobStatus | None, now: datetime)
             return Transition(
                 Reason.STARTED,
                 _with_attempt(record, started, JobState.RUNNING, now),
-                JobStarted(job_id=job_id, attempt=n, submission_id=attempt.submission_id),
-                f"started-{job_id}-{n}",
+                (_started(attempt, job_id),),
             )
         case RayJobState.SUCCEEDED:
             ended = _ended(attempt, AttemptState.SUCCEEDED, now, status.message)
             return Transition(
                 Reason.SUCCEEDED,
                 _with_attempt(record, ended, JobState.SUCCEEDED, now),
-                JobSucceeded(job_id=job_id, attempt=n),
-                f"succeeded-{job_id}-{n}",
+                (
+                    *_unseen_start(attempt, job_id),
+                    Fact(f"succeeded-{job_id}-{n}", JobSucceeded(job_id=job_id, attempt=n)),
+                ),
             )
         case RayJobState.STOPPED:
             return _cancelled(record, attempt, now, status.message)
@@ -220,20 +228,23 @@ def on_ray_status(record: JobRecord, status: RayJobStatus | None, now: datetime)
             message = status.message or "the job failed"
             if classify_failure(status) is FailureKind.NODE_LOST:
                 lost = _ended(attempt, AttemptState.LOST, now, message)
+                interrupted = JobInterrupted(
+                    job_id=job_id, attempt=n, node="unknown", cause=InterruptionCause.NODE_LOST
+                )
                 return Transition(
                     Reason.NODE_LOST,
                     _with_attempt(record, lost, JobState.INTERRUPTED, now),
-                    JobInterrupted(
-                        job_id=job_id, attempt=n, node="unknown", cause=InterruptionCause.NODE_LOST
+                    (
+                        *_unseen_start(attempt, job_id),
+                        Fact(f"interrupted-{job_id}-{n}", interrupted),
                     ),
-                    f"interrupted-{job_id}-{n}",
                 )
             failed = _ended(attempt, AttemptState.FAILED, now, message)
+            failure = JobFailed(job_id=job_id, attempt=n, message=message[-8000:])
             return Transition(
                 Reason.USER_ERROR,
                 _with_attempt(record, failed, JobState.FAILED, now),
-                JobFailed(job_id=job_id, attempt=n, message=message[-8000:]),
-                f"failed-{job_id}-{n}",
+                (*_unseen_start(attempt, job_id), Fact(f"failed-{job_id}-{n}", failure)),
             )
 
 
@@ -245,12 +256,8 @@ def cancel(record: JobRecord, now: datetime) -> Transition:
     attempt = record.current
     if attempt is None or attempt.state not in (AttemptState.SUBMITTED, AttemptState.RUNNING):
         ended = flagged.model_copy(update={"state": JobState.CANCELLED})
-        return Transition(
-            Reason.CANCELLED,
-            ended,
-            JobCancelled(job_id=record.job_id, attempt=attempt.number if attempt else None),
-            f"cancelled-{record.job_id}",
-        )
+        cancelled = JobCancelled(job_id=record.job_id, attempt=attempt.number if attempt else None)
+        return Transition(Reason.CANCELLED, ended, (Fact(f"cancelled-{record.job_id}", cancelled),))
     return Transition(Reason.UNCHANGED, flagged)
 
 
@@ -258,12 +265,22 @@ def _cancelled(
     record: JobRecord, attempt: Attempt, now: datetime, message: str | None
 ) -> Transition:
     stopped = _ended(attempt, AttemptState.STOPPED, now, message)
+    cancelled = JobCancelled(job_id=record.job_id, attempt=attempt.number)
     return Transition(
         Reason.CANCELLED,
         _with_attempt(record, stopped, JobState.CANCELLED, now),
-        JobCancelled(job_id=record.job_id, attempt=attempt.number),
-        f"cancelled-{record.job_id}",
+        (Fact(f"cancelled-{record.job_id}", cancelled),),
     )
+
+
+def _started(attempt: Attempt, job_id: str) -> Fact:
+    started = JobStarted(job_id=job_id, attempt=attempt.number, submission_id=attempt.submission_id)
+    return Fact(f"started-{job_id}-{attempt.number}", started)
+
+
+def _unseen_start(attempt: Attempt, job_id: str) -> tuple[Fact, ...]:
+    """An attempt that ended between two looks did start: say so first, once."""
+    return (_started(attempt, job_id),) if attempt.state is AttemptState.SUBMITTED else ()
 
 
 def _ended(attempt: Attempt, state: AttemptState, now: datetime, message: str | None) -> Attempt:

@@ -7,13 +7,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from shared.localstack.ports import free_port
 from shared.localstack.stack import nats_server_binary
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 class NatsServer:

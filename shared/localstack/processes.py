@@ -43,6 +43,11 @@ class ProcessRecord:
         tmp.replace(path)
 
 
+# Children started by this process, kept so that they are reaped (no zombies) when a
+# long-lived parent, such as the scaler's local provider, stops them.
+_children: dict[int, subprocess.Popen[bytes]] = {}
+
+
 def spawn(
     name: str, argv: Sequence[str], *, log_path: Path, env: Mapping[str, str], cwd: Path
 ) -> ProcessRecord:
@@ -57,6 +62,7 @@ def spawn(
             cwd=cwd,
             start_new_session=True,
         )
+    _children[process.pid] = process
     stat = _read_stat(process.pid)
     return ProcessRecord(
         name=name,
@@ -88,18 +94,29 @@ def session_members(session_id: int) -> list[int]:
 
 def stop_session(session_id: int, *, grace_s: float) -> None:
     """SIGTERM every process of the session, then SIGKILL what is left after `grace_s`."""
-    _signal_all(session_members(session_id), signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline:
-        if not session_members(session_id):
-            return
-        time.sleep(0.1)
-    for _ in range(50):
-        members = session_members(session_id)
-        if not members:
-            return
-        _signal_all(members, signal.SIGKILL)
-        time.sleep(0.1)
+    try:
+        _signal_all(session_members(session_id), signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline:
+            _reap(session_id)
+            if not session_members(session_id):
+                return
+            time.sleep(0.1)
+        for _ in range(50):
+            members = session_members(session_id)
+            if not members:
+                return
+            _signal_all(members, signal.SIGKILL)
+            time.sleep(0.1)
+            _reap(session_id)
+    finally:
+        _reap(session_id)
+
+
+def _reap(leader: int) -> None:
+    child = _children.get(leader)
+    if child is not None and child.poll() is not None:
+        del _children[leader]
 
 
 def port_in_use(host: str, port: int) -> bool:
@@ -108,6 +125,9 @@ def port_in_use(host: str, port: int) -> bool:
         if probe.connect_ex((host, port)) == 0:
             return True
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        # As the servers themselves bind: connections of a stopped process lingering in
+        # TIME_WAIT do not make a port taken.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind((host, port))
         except OSError:

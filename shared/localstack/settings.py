@@ -44,6 +44,14 @@ class LocalStackSettings(BaseSettings):
         return self.home / "logs"
 
     @property
+    def checkpoint_dir(self) -> Path:
+        return self.home.resolve() / "checkpoints"
+
+    @property
+    def gcs_address(self) -> str:
+        return f"{self.host}:{self.ray_gcs_port}"
+
+    @property
     def nats_store_dir(self) -> Path:
         return self.home / "nats"
 

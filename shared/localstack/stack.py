@@ -76,6 +76,8 @@ def components(settings: LocalStackSettings) -> list[Component]:
         **os.environ,
         "SPOTRAIN_NATS_URL": s.nats_url,
         "SPOTRAIN_RAY_ADDRESS": s.dashboard_url,
+        "SPOTRAIN_CHECKPOINT_ROOT": s.checkpoint_dir.as_uri(),
+        "SPOTRAIN_SUBMITTER_WORKSPACE_CACHE_DIR": str(s.home / "workspaces"),
         "PYTHONUNBUFFERED": "1",
         "RAY_USAGE_STATS_ENABLED": "0",
     }

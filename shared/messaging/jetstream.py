@@ -191,8 +191,8 @@ class JetStreamBus:
                     await handlers.wait_for_slot()
                     try:
                         messages = await psub.fetch(handlers.free, timeout=0.5)
-                    except nats.errors.TimeoutError:
-                        continue
+                    except (nats.errors.TimeoutError, TimeoutError):
+                        continue  # nothing to fetch in this round
                     except _TRANSIENT as error:
                         log.warning(
                             "consumer.fetch_failed", service=subscription.service, error=str(error)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.localstack.nats_server import free_port
+from shared.localstack.ports import free_port, free_port_below
 from shared.localstack.processes import ProcessRecord, session_members
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
@@ -39,29 +39,12 @@ def stack_env(home: Path) -> dict[str, str]:
         "SPOTRAIN_LOCAL_HOME": str(home),
         "SPOTRAIN_LOCAL_NATS_PORT": str(nats_port),
         "SPOTRAIN_LOCAL_NATS_MONITOR_PORT": str(free_port()),
-        "SPOTRAIN_LOCAL_RAY_GCS_PORT": str(_free_low_port()),
-        "SPOTRAIN_LOCAL_RAY_DASHBOARD_PORT": str(_free_low_port()),
-        "SPOTRAIN_LOCAL_RAY_CLIENT_PORT": str(_free_low_port()),
+        "SPOTRAIN_LOCAL_RAY_GCS_PORT": str(free_port_below(10_000)),
+        "SPOTRAIN_LOCAL_RAY_DASHBOARD_PORT": str(free_port_below(10_000)),
+        "SPOTRAIN_LOCAL_RAY_CLIENT_PORT": str(free_port_below(10_000)),
         "SPOTRAIN_LOCAL_SERVICE_PORT_BASE": str(service_base),
         "SPOTRAIN_NATS_URL": f"nats://127.0.0.1:{nats_port}",
     }
-
-
-def _free_low_port() -> int:
-    """Ray's own ports must stay below its worker port range (10002-19999)."""
-    for port in range(7100, 10000, 7):
-        with socket.socket() as probe:
-            try:
-                probe.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            if port not in _taken:
-                _taken.add(port)
-                return port
-    raise RuntimeError("no free port below 10000")
-
-
-_taken: set[int] = set()
 
 
 def sessions(home: Path) -> dict[str, int]:

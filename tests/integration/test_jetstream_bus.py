@@ -9,7 +9,8 @@ import pytest
 
 from shared.events import Event, subject_for
 from shared.events.data import JobRequested
-from shared.localstack.nats_server import NatsServer, free_port
+from shared.localstack.nats_server import NatsServer
+from shared.localstack.ports import free_port
 from shared.messaging import BusSettings, Subscription
 from shared.messaging.jetstream import BusUnavailableError, JetStreamBus
 from tests.async_helpers import consuming, eventually

@@ -15,7 +15,7 @@ import pytest
 
 from shared.events import Event, decode, subject_for
 from shared.events.data import JobAccepted, JobRequested
-from shared.localstack.nats_server import free_port
+from shared.localstack.ports import free_port
 from shared.messaging import BusSettings, EventBus, RedeliveryPolicy, Subscription
 from shared.messaging.jetstream import JetStreamBus
 from shared.runtime import RuntimeSettings, ServiceDefinition, serve

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.localstack.nats_server import free_port
+from shared.localstack.ports import free_port
 
 
 def spotrain(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

@@ -115,9 +115,10 @@ async def test_a_script_error_fails_the_job_and_a_lost_node_interrupts_it(deps: 
         message="node died",
     )
     await track_attempts(deps)
-    ended = dict(published(deps)[-2:])
+    ended = dict(published(deps)[-4:])
     assert ended["failed"].message == "ZeroDivisionError"
     assert ended["interrupted"].job_id == "job-lost"
+    assert types(deps).count("started") == 2, "each attempt is reported started before its end"
 
 
 async def test_a_restarted_submitter_submits_an_attempt_ray_never_heard_of(deps: Deps) -> None:

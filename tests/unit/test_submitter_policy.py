@@ -136,7 +136,7 @@ def test_the_same_status_twice_changes_nothing_the_second_time() -> None:
     running = policy.on_ray_status(queued_record(), status(RayJobState.RUNNING), NOW).record
     again = policy.on_ray_status(running, status(RayJobState.RUNNING), NOW)
     assert again.reason is Reason.UNCHANGED
-    assert again.event is None
+    assert again.facts == ()
 
 
 def test_a_failure_after_a_cancel_request_is_a_cancellation() -> None:
@@ -153,3 +153,11 @@ def test_cancelling_a_job_with_nothing_running_ends_it_at_once() -> None:
     transition = policy.cancel(lost, NOW)
     assert transition.reason is Reason.CANCELLED
     assert transition.record.state is JobState.CANCELLED
+
+
+def test_an_attempt_that_ended_between_two_looks_is_reported_started_first() -> None:
+    transition = policy.on_ray_status(queued_record(), status(R.SUCCEEDED), NOW)
+    assert [fact.key for fact in transition.facts] == ["started-job-1-1", "succeeded-job-1-1"]
+    running = policy.on_ray_status(queued_record(), status(R.RUNNING), NOW).record
+    after = policy.on_ray_status(running, status(R.SUCCEEDED), NOW)
+    assert [fact.key for fact in after.facts] == ["succeeded-job-1-1"]

@@ -1,0 +1,92 @@
+"""Ray worker nodes as local processes: each a `ray start` with its own ports and session.
+
+Several Ray nodes on one host each need their own ports (node manager, object manager,
+worker range, dashboard agent, metrics, runtime-env agent): with the defaults a second
+node's dashboard agent cannot bind, and job submission then answers "No available agent".
+Each node gets a block of ports above Ray's default worker range (10002-19999).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from shared.localstack.processes import ProcessRecord, spawn
+
+PORT_BLOCK = 64
+"""Ports per node: six service ports, then the rest for its worker processes."""
+
+
+@dataclass(frozen=True)
+class NodeShape:
+    """What a node declares to Ray: its size, custom resources and labels."""
+
+    num_cpus: float
+    num_gpus: int
+    resources: Mapping[str, float] = field(default_factory=dict)
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class NodePorts:
+    base: int
+
+    @property
+    def node_manager(self) -> int:
+        return self.base
+
+    def argv(self) -> list[str]:
+        b = self.base
+        return [
+            f"--node-manager-port={b}",
+            f"--object-manager-port={b + 1}",
+            f"--dashboard-agent-listen-port={b + 2}",
+            f"--dashboard-agent-grpc-port={b + 3}",
+            f"--metrics-export-port={b + 4}",
+            f"--runtime-env-agent-port={b + 5}",
+            f"--min-worker-port={b + 8}",
+            f"--max-worker-port={b + PORT_BLOCK - 1}",
+        ]
+
+
+def ray_binary() -> str:
+    beside = Path(sys.executable).parent / "ray"
+    return str(beside) if beside.exists() else (shutil.which("ray") or "ray")
+
+
+def worker_argv(gcs_address: str, shape: NodeShape, ports: NodePorts) -> list[str]:
+    return [
+        ray_binary(),
+        "start",
+        f"--address={gcs_address}",
+        "--block",
+        f"--num-cpus={shape.num_cpus:g}",
+        f"--num-gpus={shape.num_gpus}",
+        f"--resources={json.dumps(dict(shape.resources), sort_keys=True)}",
+        f"--labels={json.dumps(dict(shape.labels), sort_keys=True)}",
+        "--disable-usage-stats",
+        *ports.argv(),
+    ]
+
+
+def start_worker(
+    name: str,
+    gcs_address: str,
+    shape: NodeShape,
+    ports: NodePorts,
+    *,
+    log_dir: Path,
+    env: Mapping[str, str],
+) -> ProcessRecord:
+    """Start one worker node in its own session; stop it with `stop_session(record.pid)`."""
+    return spawn(
+        name,
+        worker_argv(gcs_address, shape, ports),
+        log_path=log_dir / f"node-{name}.log",
+        env=env,
+        cwd=log_dir,
+    )
