@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from shared.events import Event, decode, subject_for
-from shared.events.data import JobAccepted, JobRequested
+from shared.events.data import JobRejected, JobRequested
 from shared.localstack.ports import free_port
 from shared.messaging import BusSettings, EventBus, RedeliveryPolicy, Subscription
 from shared.messaging.jetstream import JetStreamBus
@@ -53,13 +53,14 @@ async def test_a_service_process_serves_health_and_metrics_and_stops_on_sigterm(
     )
     try:
         await eventually(lambda: _get(f"http://127.0.0.1:{port}/healthz")[0] == 200, timeout_s=20)
-        await jetstream_bus.publish(job_requested("job-served"))
+        # Over the quota, so the submitter answers without needing Ray.
+        await jetstream_bus.publish(job_requested("job-served", worker={"gpus": 16}))
 
-        async def accepted() -> bool:
-            stored = await jetstream_bus.read(subject_for(JobAccepted, jetstream_bus.prefix))
-            return [decode(m.data).data.job_id for m in stored] == ["job-served"]  # type: ignore[attr-defined]
+        async def rejected() -> bool:
+            stored = await jetstream_bus.read(subject_for(JobRejected, jetstream_bus.prefix))
+            return [decode(m.data).subject for m in stored] == ["job-served"]
 
-        await eventually(accepted)
+        await eventually(rejected)
         status, metrics = _get(f"http://127.0.0.1:{port}/metrics")
         assert status == 200
         assert (
