@@ -1,0 +1,235 @@
+"""The training contract a user's script imports: where to resume from, how to save and report,
+and when the platform wants the run to checkpoint and stop (SIGTERM or a CHECKPOINT_NOW file)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Mapping
+from types import FrameType, TracebackType
+from typing import Final
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from shared.checkpoints import (
+    Checkpoint,
+    CheckpointStorage,
+    ProgressReport,
+    checkpoint_request_applies,
+    latest_checkpoint,
+    load_checkpoint,
+    read_checkpoint,
+    read_checkpoint_request,
+    save_checkpoint,
+    storage_for,
+    write_progress,
+)
+from shared.clock import Clock, SystemClock
+
+ENV_JOB_ID: Final = "SPOTRAIN_JOB_ID"
+ENV_ATTEMPT: Final = "SPOTRAIN_ATTEMPT"
+ENV_CHECKPOINT_URI: Final = "SPOTRAIN_CHECKPOINT_URI"
+ENV_RESUME_FROM: Final = "SPOTRAIN_RESUME_FROM"
+
+# Outside the platform only the checkpoint folder is needed; the platform always sets all four.
+LOCAL_JOB_ID: Final = "local"
+FIRST_ATTEMPT: Final = 1
+
+_Handler = Callable[[int, FrameType | None], object] | int | None
+
+logger = logging.getLogger(__name__)
+
+
+class TrainingEnvironmentError(RuntimeError):
+    """The environment the platform sets for a training process is missing or malformed."""
+
+
+class TrainingEnvironment(BaseModel):
+    """What the platform tells a training process through SPOTRAIN_* variables."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    job_id: str = Field(min_length=1)
+    attempt: int = Field(ge=1)
+    checkpoint_uri: str = Field(min_length=1)
+    resume_from: str | None = None
+
+    @classmethod
+    def from_mapping(cls, environ: Mapping[str, str]) -> TrainingEnvironment:
+        """Read the SPOTRAIN_* variables; job id and attempt default to "local" and 1."""
+        checkpoint_uri = environ.get(ENV_CHECKPOINT_URI, "").strip()
+        if not checkpoint_uri:
+            msg = (
+                f"{ENV_CHECKPOINT_URI} is not set. The platform sets it for every job; to run "
+                f"by hand, point it at a folder, e.g. {ENV_CHECKPOINT_URI}=file:///tmp/my-run"
+            )
+            raise TrainingEnvironmentError(msg)
+        raw_attempt = environ.get(ENV_ATTEMPT, "").strip() or str(FIRST_ATTEMPT)
+        try:
+            return cls(
+                job_id=environ.get(ENV_JOB_ID, "").strip() or LOCAL_JOB_ID,
+                attempt=int(raw_attempt),
+                checkpoint_uri=checkpoint_uri,
+                resume_from=environ.get(ENV_RESUME_FROM, "").strip() or None,
+            )
+        except (ValueError, ValidationError) as error:
+            msg = f"{ENV_ATTEMPT}={raw_attempt!r} is not a whole number of 1 or more"
+            raise TrainingEnvironmentError(msg) from error
+
+
+class TrainingContext:
+    """One attempt of one job, as seen from inside the training script.
+
+    A loop asks `checkpoint_requested` once per step; when it turns True the script saves and
+    exits within the notice window. The context never exits the process itself.
+    """
+
+    def __init__(
+        self,
+        environment: TrainingEnvironment,
+        *,
+        storage: CheckpointStorage | None = None,
+        clock: Clock | None = None,
+        request_poll_interval_s: float = 1.0,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.environment = environment
+        # Built once: a GCS client costs a credential lookup, too much for every step.
+        self._storage = (
+            storage if storage is not None else storage_for(environment.checkpoint_uri)[0]
+        )
+        self._clock = clock if clock is not None else SystemClock()
+        self._poll_interval_s = request_poll_interval_s
+        self._monotonic = monotonic
+        self._next_poll_at = float("-inf")
+        self._requested = threading.Event()
+        self._previous_handler: _Handler = None
+        self._handler_installed = False
+
+    @classmethod
+    def from_env(
+        cls, environ: Mapping[str, str] | None = None, *, install_signal_handler: bool = True
+    ) -> TrainingContext:
+        """The context the platform described in the environment, with SIGTERM caught.
+
+        Catching SIGTERM needs the main thread; pass `install_signal_handler=False` elsewhere.
+        """
+        environment = TrainingEnvironment.from_mapping(os.environ if environ is None else environ)
+        try:
+            context = cls(environment)
+        except ValueError as error:
+            msg = f"{ENV_CHECKPOINT_URI}: {error}"
+            raise TrainingEnvironmentError(msg) from error
+        if install_signal_handler:
+            context.install_signal_handler()
+        return context
+
+    @property
+    def job_id(self) -> str:
+        return self.environment.job_id
+
+    @property
+    def attempt(self) -> int:
+        return self.environment.attempt
+
+    @property
+    def checkpoint_uri(self) -> str:
+        return self.environment.checkpoint_uri
+
+    def install_signal_handler(self) -> None:
+        """Turn SIGTERM into `checkpoint_requested` until `close`, instead of an exit."""
+        if self._handler_installed:
+            return
+        self._previous_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
+        self._handler_installed = True
+
+    def close(self) -> None:
+        """Give SIGTERM back to whichever handler it had before."""
+        if self._handler_installed:
+            # None means a handler set outside Python; the default is the closest we can restore.
+            previous = self._previous_handler
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+            self._handler_installed = False
+
+    def __enter__(self) -> TrainingContext:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
+        # Only set a flag: the loop is mid-step, and saving from here could tear its state.
+        self._requested.set()
+
+    @property
+    def checkpoint_requested(self) -> bool:
+        """True once SIGTERM arrived or CHECKPOINT_NOW names this attempt; it stays True.
+
+        The file is looked at no more than once per poll interval, so asking every step is cheap.
+        """
+        if self._requested.is_set():
+            return True
+        now = self._monotonic()
+        if now >= self._next_poll_at:
+            self._next_poll_at = now + self._poll_interval_s
+            if self._checkpoint_file_asks():
+                self._requested.set()
+        return self._requested.is_set()
+
+    def _checkpoint_file_asks(self) -> bool:
+        try:
+            raw = read_checkpoint_request(self.checkpoint_uri, storage=self._storage)
+        except OSError as error:
+            # A store that hiccups must not kill a healthy run; the next poll asks again.
+            logger.warning("could not read the checkpoint request: %s", error)
+            return False
+        return checkpoint_request_applies(raw, self.attempt)
+
+    def resume(self) -> tuple[int, dict[str, bytes]] | None:
+        """The step and files to resume from, or None to start fresh.
+
+        SPOTRAIN_RESUME_FROM, when set, is the platform's choice and must be a complete,
+        intact checkpoint (else CheckpointIntegrityError); otherwise the job's latest one.
+        """
+        checkpoint: Checkpoint | None
+        if self.environment.resume_from is not None:
+            checkpoint = read_checkpoint(self.environment.resume_from)
+            return checkpoint.step, load_checkpoint(checkpoint)
+        checkpoint = latest_checkpoint(self.checkpoint_uri, storage=self._storage)
+        if checkpoint is None:
+            return None
+        return checkpoint.step, load_checkpoint(checkpoint, storage=self._storage)
+
+    def save(self, step: int, files: Mapping[str, bytes]) -> Checkpoint:
+        """Save `files` as this job's checkpoint of `step`; it is complete when this returns."""
+        return save_checkpoint(
+            self.checkpoint_uri,
+            self.job_id,
+            self.attempt,
+            step,
+            files,
+            storage=self._storage,
+            now=self._clock.now(),
+        )
+
+    def report(
+        self, step: int, metrics: Mapping[str, float], total_steps: int | None = None
+    ) -> None:
+        """Publish progress (progress.json at the job's root) for the platform and the user."""
+        report = ProgressReport(
+            job_id=self.job_id,
+            attempt=self.attempt,
+            step=step,
+            total_steps=total_steps,
+            metrics=dict(metrics),
+            updated_at=self._clock.now(),
+        )
+        write_progress(self.checkpoint_uri, report, storage=self._storage)
