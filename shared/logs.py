@@ -6,6 +6,7 @@ import logging
 import sys
 
 import structlog
+import structlog.tracebacks
 
 
 def configure_logging(*, json: bool, level: str = "info") -> None:
@@ -20,7 +21,12 @@ def configure_logging(*, json: bool, level: str = "info") -> None:
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
-            structlog.processors.dict_tracebacks if json else structlog.dev.set_exc_info,
+            # Without locals: they are long, and they may hold secrets from job environments.
+            structlog.processors.ExceptionRenderer(
+                structlog.tracebacks.ExceptionDictTransformer(show_locals=False)
+            )
+            if json
+            else structlog.dev.set_exc_info,
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),

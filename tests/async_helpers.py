@@ -11,7 +11,9 @@ from shared.messaging import EventBus, Subscription
 
 
 async def eventually(
-    check: Callable[[], Awaitable[bool]] | Callable[[], bool], timeout_s: float = 10
+    check: Callable[[], Awaitable[bool]] | Callable[[], bool],
+    timeout_s: float = 10,
+    interval_s: float = 0.02,
 ) -> None:
     """Poll `check` until it is true; fail the test with a clear message otherwise."""
     deadline = time.monotonic() + timeout_s
@@ -24,7 +26,7 @@ async def eventually(
         if time.monotonic() > deadline:
             msg = f"condition not met within {timeout_s}s"
             raise AssertionError(msg)
-        await asyncio.sleep(0.02)
+        await asyncio.sleep(interval_s)
 
 
 @asynccontextmanager

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from contextlib import AsyncExitStack
 
-from services.submitter.adapters.kv_job_store import KvJobStore, jobs_bucket
+from services.submitter.adapters.kv_job_store import KvJobStore
+from services.submitter.adapters.progress import StorageProgressReader
 from services.submitter.adapters.ray_jobs import RayJobSubmission
 from services.submitter.adapters.workspaces import ObjectStoreWorkspaces
 from services.submitter.handlers import SERVICE, SUBSCRIPTIONS, Deps, track_attempts
 from services.submitter.policy import Quotas
 from services.submitter.settings import SubmitterSettings
 from shared.clock import SystemClock
+from shared.jobs import jobs_bucket
 from shared.messaging import EventBus, Subscription, bind_routes
 from shared.messaging.jetstream import JetStreamBus
 from shared.runtime import ServiceDefinition, Ticker
@@ -28,6 +30,7 @@ async def bootstrap(bus: EventBus, stack: AsyncExitStack) -> ServiceDefinition:
         store=await KvJobStore.open(js, jobs_bucket(bus.prefix)),
         ray=RayJobSubmission(settings.ray_address),
         workspaces=ObjectStoreWorkspaces(js, settings.workspace_cache_dir),
+        progress=StorageProgressReader(),
         quotas=Quotas(
             max_gpus_per_job=settings.max_gpus_per_job,
             max_gpus_per_owner=settings.max_gpus_per_owner,

@@ -12,7 +12,14 @@ import structlog
 from services.submitter import policy
 from services.submitter.model import Attempt, AttemptState, JobRecord, JobState
 from services.submitter.policy import Quotas, Reason, Transition
-from services.submitter.ports import JobStore, RayJobs, Revision, StaleRevisionError, Workspaces
+from services.submitter.ports import (
+    JobStore,
+    ProgressReader,
+    RayJobs,
+    Revision,
+    StaleRevisionError,
+    Workspaces,
+)
 from shared.clock import Clock
 from shared.events import Event, EventData, new_event
 from shared.events.data import (
@@ -35,6 +42,7 @@ class Deps:
     store: JobStore
     ray: RayJobs
     workspaces: Workspaces
+    progress: ProgressReader
     quotas: Quotas
     checkpoint_root: str
     """Each job checkpoints under `<checkpoint_root>/<job_id>`."""
@@ -93,18 +101,26 @@ async def track_attempts(deps: Deps) -> None:
     """
     for record, revision in await deps.store.all():
         attempt = record.current
-        if not record.is_active or attempt is None or attempt.state not in _LIVE:
-            continue
-        with structlog.contextvars.bound_contextvars(job_id=record.job_id):
-            status = await deps.ray.status(attempt.submission_id)
-            transition = policy.on_ray_status(record, status, deps.clock.now())
-            if transition.reason is Reason.NOT_SUBMITTED:
-                # Accepted, but the process died before Ray heard of the attempt.
-                await _submit(record, attempt, deps)
-                continue
-            if record.cancel_requested and not transition.facts:
-                await deps.ray.stop(attempt.submission_id)
-            await _apply(transition, revision, deps)
+        if record.is_active and attempt is not None and attempt.state in _LIVE:
+            with structlog.contextvars.bound_contextvars(job_id=record.job_id):
+                await _track(record, attempt, revision, deps)
+
+
+async def _track(record: JobRecord, attempt: Attempt, revision: Revision, deps: Deps) -> None:
+    status = await deps.ray.status(attempt.submission_id)
+    transition = policy.on_ray_status(record, status, deps.clock.now())
+    if transition.reason is Reason.NOT_SUBMITTED:
+        # Accepted, but the process died before Ray heard of the attempt.
+        await _submit(record, attempt, deps)
+        return
+    if record.cancel_requested and not transition.facts:
+        await deps.ray.stop(attempt.submission_id)
+    new_revision = await _apply(transition, revision, deps)
+    if new_revision is not None and transition.record.state is JobState.RUNNING:
+        uri = policy.checkpoint_uri(deps.checkpoint_root, record.job_id)
+        report = await deps.progress.latest(uri)
+        progressed = policy.on_progress(transition.record, report, deps.clock.now())
+        await _apply(progressed, new_revision, deps)
 
 
 _LIVE = (AttemptState.SUBMITTED, AttemptState.RUNNING)
@@ -137,26 +153,31 @@ async def _submit(record: JobRecord, attempt: Attempt, deps: Deps) -> None:
     plan = policy.plan_submission(
         record,
         attempt.number,
-        checkpoint_uri=f"{deps.checkpoint_root.rstrip('/')}/{record.job_id}",
+        checkpoint_uri=policy.checkpoint_uri(deps.checkpoint_root, record.job_id),
         resume_from=None,
     )
     await deps.ray.submit(plan, working_dir)
     log.info("attempt.submitted", submission_id=plan.submission_id)
 
 
-async def _apply(transition: Transition, revision: Revision, deps: Deps) -> None:
-    """Publish the transition's facts, then write its record; the next pass repairs a gap."""
+async def _apply(transition: Transition, revision: Revision, deps: Deps) -> Revision | None:
+    """Publish the transition's facts, then write its record; the next pass repairs a gap.
+
+    Returns the record's new revision, or None when someone else moved it on first.
+    """
     for fact in transition.facts:
         await _publish(deps, fact.data, fact.key)
-    if transition.reason is not Reason.UNCHANGED or transition.record.cancel_requested:
-        try:
-            await deps.store.update(transition.record, revision)
-        except StaleRevisionError:
-            log.info("job.record_moved_on", reason=transition.reason.value)
-            return
-        log.info(
-            "job.transition", reason=transition.reason.value, state=transition.record.state.value
-        )
+    if transition.reason is Reason.UNCHANGED and not transition.record.cancel_requested:
+        return revision
+    try:
+        revision = await deps.store.update(transition.record, revision)
+    except StaleRevisionError:
+        log.info("job.record_moved_on", reason=transition.reason.value)
+        return None
+    if transition.reason is not Reason.PROGRESSED:
+        state = transition.record.state.value
+        log.info("job.transition", reason=transition.reason.value, state=state)
+    return revision
 
 
 async def _publish(deps: Deps, data: EventData, key: str) -> None:

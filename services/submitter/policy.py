@@ -3,6 +3,8 @@ how a job's record moves when Ray reports on an attempt. No I/O, no clock, no id
 
 from __future__ import annotations
 
+import math
+import re
 import shlex
 from dataclasses import dataclass
 from datetime import datetime
@@ -18,12 +20,14 @@ from services.submitter.model import (
     RayJobStatus,
     SubmissionPlan,
 )
+from shared.checkpoints import ProgressReport
 from shared.events.data import (
     EventData,
     InterruptionCause,
     JobCancelled,
     JobFailed,
     JobInterrupted,
+    JobProgress,
     JobQueued,
     JobRequested,
     JobStarted,
@@ -105,6 +109,11 @@ def submission_id(job_id: str, attempt: int) -> str:
     return f"{job_id}-{attempt}"
 
 
+def checkpoint_uri(checkpoint_root: str, job_id: str) -> str:
+    """Each job checkpoints (and reports progress) under its own folder of the root."""
+    return f"{checkpoint_root.rstrip('/')}/{job_id}"
+
+
 def queued_event(record: JobRecord, attempt: int) -> JobQueued:
     request = record.request
     return JobQueued(
@@ -160,6 +169,7 @@ class Reason(StrEnum):
     USER_ERROR = "user-error"
     NODE_LOST = "node-lost"
     CANCELLED = "cancelled"
+    PROGRESSED = "progressed"
 
 
 @dataclass(frozen=True)
@@ -246,6 +256,41 @@ def on_ray_status(record: JobRecord, status: RayJobStatus | None, now: datetime)
                 _with_attempt(record, failed, JobState.FAILED, now),
                 (*_unseen_start(attempt, job_id), Fact(f"failed-{job_id}-{n}", failure)),
             )
+
+
+def on_progress(record: JobRecord, report: ProgressReport | None, now: datetime) -> Transition:
+    """Training reported a step: publish it once, for the attempt that is running now."""
+    attempt = record.current
+    if (
+        report is None
+        or attempt is None
+        or attempt.state is not AttemptState.RUNNING
+        or report.attempt != attempt.number
+        or (attempt.step is not None and report.step <= attempt.step)
+    ):
+        return Transition(Reason.UNCHANGED, record)
+    # Events carry finite numbers under well-formed names; a NaN loss stays in the file.
+    metrics = {
+        name: value
+        for name, value in report.metrics.items()
+        if math.isfinite(value) and _METRIC_NAME.match(name)
+    }
+    moved = attempt.model_copy(update={"step": report.step, "metrics": metrics})
+    progress = JobProgress(
+        job_id=record.job_id,
+        attempt=attempt.number,
+        step=report.step,
+        total_steps=report.total_steps,
+        metrics=dict(sorted(metrics.items())[:64]),
+    )
+    return Transition(
+        Reason.PROGRESSED,
+        _with_attempt(record, moved, record.state, now),
+        (Fact(f"progress-{record.job_id}-{attempt.number}-{report.step}", progress),),
+    )
+
+
+_METRIC_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}$")
 
 
 def cancel(record: JobRecord, now: datetime) -> Transition:

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Protocol
 
 from services.submitter.model import JobRecord, RayJobStatus, SubmissionPlan
+from shared.checkpoints import ProgressReport
 from shared.events.types import ObjectRef
 
 Revision = int
@@ -47,6 +48,15 @@ class RayJobs(Protocol):
 
     async def stop(self, submission_id: str) -> None:
         """Ask Ray to stop an attempt; a no-op for one that ended or is unknown."""
+        ...
+
+
+class ProgressReader(Protocol):
+    """Progress that training code writes beside its checkpoints (`shared.training`)."""
+
+    async def latest(self, checkpoint_uri: str) -> ProgressReport | None:
+        """The job's last report; None if it has reported nothing yet. Eventually
+        consistent: a report may lag the training loop by one write."""
         ...
 
 

@@ -11,9 +11,11 @@ from pathlib import Path
 from typing import Annotated, NoReturn
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from shared.cli.console import CliError, err, out
+from shared.cli.jobs import register_job_commands
+from shared.client import PlatformError
 from shared.events.schema_export import write_documents
 from shared.localstack import stack
 from shared.localstack.settings import LocalStackSettings
@@ -25,16 +27,6 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-out = Console()
-err = Console(stderr=True)
-
-
-class CliError(Exception):
-    """A failure to report as one line; the exit code rides along."""
-
-    def __init__(self, message: str, exit_code: int = 1) -> None:
-        super().__init__(message)
-        self.exit_code = exit_code
 
 
 @app.command()
@@ -86,6 +78,9 @@ def demo(
     asyncio.run(run_demo(out, timeout_s=timeout_s))
 
 
+register_job_commands(app)
+
+
 def _print_statuses(statuses: list[stack.ComponentStatus]) -> None:
     table = Table("component", "state", "pid", "endpoint")
     colours = {
@@ -112,7 +107,7 @@ def main(argv: list[str] | None = None) -> NoReturn:
         # Usage errors: unknown option, missing or invalid argument.
         message = error.format_message() if hasattr(error, "format_message") else str(error)
         _fail(message, getattr(error, "exit_code", 2))
-    except (CliError, stack.StackError) as error:
+    except (CliError, stack.StackError, PlatformError) as error:
         _fail(str(error), getattr(error, "exit_code", 1))
     except KeyboardInterrupt:
         _fail("interrupted", 130)

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 
 from rich.console import Console
 
-from shared.cli.app import CliError
+from shared.cli.console import CliError
 from shared.events import decode, new_event, new_event_id, subject_for
 from shared.events.data import JobAccepted, JobRequested
 from shared.messaging import BusSettings

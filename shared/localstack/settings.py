@@ -23,6 +23,9 @@ class LocalStackSettings(BaseSettings):
     """Kept below Ray's worker port range (10002-19999)."""
     ray_dashboard_port: Port = Field(8265, gt=0, lt=10002)
     ray_client_port: Port = Field(10001, gt=0, lt=10002)
+    ray_head_port_base: Port = Field(52400, ge=20000, lt=65000)
+    """The head's own node ports (agent, node manager, ...): a block of 64, so that two
+    stacks on one machine do not both take Ray's default agent port."""
     service_port_base: Port = Field(9460, gt=0, lt=65000)
     """Services serve /metrics and /healthz on base+1 (submitter) to base+4."""
     start_timeout_s: float = Field(60, gt=0)

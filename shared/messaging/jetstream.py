@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import secrets
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any, Self
@@ -265,10 +266,15 @@ class JetStreamBus:
             log.warning("consumer.settle_failed", service=subscription.service, error=str(error))
 
     async def read(self, subject: str) -> list[StoredMessage]:
-        psub = await self._js.pull_subscribe(
-            subject,
-            stream=self._settings.stream,
-            config=ConsumerConfig(
+        # A consumer of its own for this read, deleted after it: polling readers must not
+        # leave ephemeral consumers behind until the server's limit is reached.
+        name = f"read-{secrets.token_hex(6)}"
+        stream = self._settings.stream
+        await self._js.add_consumer(
+            stream,
+            ConsumerConfig(
+                name=name,
+                filter_subject=subject,
                 deliver_policy=DeliverPolicy.ALL,
                 ack_policy=AckPolicy.NONE,
                 inactive_threshold=30,
@@ -276,25 +282,27 @@ class JetStreamBus:
         )
         stored: list[StoredMessage] = []
         try:
-            while True:
-                pending = (await psub.consumer_info()).num_pending or 0
-                if pending == 0:
-                    break
-                try:
-                    batch = await psub.fetch(min(pending, 1000), timeout=2)
-                except nats.errors.TimeoutError:
-                    break
-                stored.extend(
-                    StoredMessage(
-                        seq=m.metadata.sequence.stream,
-                        subject=m.subject,
-                        data=m.data,
-                        headers=dict(m.headers or {}),
+            psub = await self._js.pull_subscribe_bind(durable=name, stream=stream)
+            try:
+                while pending := (await psub.consumer_info()).num_pending or 0:
+                    try:
+                        batch = await psub.fetch(min(pending, 1000), timeout=2)
+                    except (nats.errors.TimeoutError, TimeoutError):
+                        break
+                    stored.extend(
+                        StoredMessage(
+                            seq=m.metadata.sequence.stream,
+                            subject=m.subject,
+                            data=m.data,
+                            headers=dict(m.headers or {}),
+                        )
+                        for m in batch
                     )
-                    for m in batch
-                )
+            finally:
+                await psub.unsubscribe()
         finally:
-            await psub.unsubscribe()
+            with contextlib.suppress(*_TRANSIENT, nats.js.errors.NotFoundError):
+                await self._js.delete_consumer(stream, name)
         return stored
 
     async def _on_error(self, error: Exception) -> None:

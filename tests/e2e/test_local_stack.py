@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.localstack.ports import free_port, free_port_below
+from shared.localstack.ports import free_port, free_port_below, free_port_block
 from shared.localstack.processes import ProcessRecord, session_members
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
@@ -42,6 +42,7 @@ def stack_env(home: Path) -> dict[str, str]:
         "SPOTRAIN_LOCAL_RAY_GCS_PORT": str(free_port_below(10_000)),
         "SPOTRAIN_LOCAL_RAY_DASHBOARD_PORT": str(free_port_below(10_000)),
         "SPOTRAIN_LOCAL_RAY_CLIENT_PORT": str(free_port_below(10_000)),
+        "SPOTRAIN_LOCAL_RAY_HEAD_PORT_BASE": str(free_port_block(64)),
         "SPOTRAIN_LOCAL_SERVICE_PORT_BASE": str(service_base),
         "SPOTRAIN_NATS_URL": f"nats://127.0.0.1:{nats_port}",
     }

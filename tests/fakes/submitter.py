@@ -6,6 +6,7 @@ from pathlib import Path
 
 from services.submitter.model import JobRecord, RayJobState, RayJobStatus, SubmissionPlan
 from services.submitter.ports import Revision, StaleRevisionError
+from shared.checkpoints import ProgressReport
 from shared.events.types import ObjectRef
 
 
@@ -75,3 +76,13 @@ class FakeWorkspaces:
 
     async def unpack(self, ref: ObjectRef) -> Path:
         return self.root / ref.sha256
+
+
+class FakeProgress:
+    """Progress reports by checkpoint URI, as training code would have written them."""
+
+    def __init__(self) -> None:
+        self.reports: dict[str, ProgressReport] = {}
+
+    async def latest(self, checkpoint_uri: str) -> ProgressReport | None:
+        return self.reports.get(checkpoint_uri)

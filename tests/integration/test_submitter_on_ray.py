@@ -41,6 +41,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStackSett
         ray_gcs_port=free_port_below(10_000),
         ray_dashboard_port=free_port_below(10_000),
         ray_client_port=free_port_below(10_000),
+        ray_head_port_base=free_port_block(64),
         service_port_base=free_port(),
     )
     stack.up(settings)
@@ -88,7 +89,7 @@ async def wait_for(bus: JetStreamBus, job_id: str, kind: str, timeout_s: float =
     async def arrived() -> bool:
         return kind in [k for k, _ in await job_events(bus, job_id)]
 
-    await eventually(arrived, timeout_s=timeout_s)
+    await eventually(arrived, timeout_s=timeout_s, interval_s=0.25)
     return [k for k, _ in await job_events(bus, job_id)]
 
 

@@ -15,13 +15,14 @@ from services.submitter.handlers import (
 )
 from services.submitter.model import RayJobState
 from services.submitter.policy import Quotas
+from shared.checkpoints import ProgressReport
 from shared.events import decode, new_event
 from shared.events.data import JobCancelRequested
 from shared.messaging import Unhandleable
 from shared.messaging.memory import InMemoryBus
 from tests.events import NOW, job_requested
 from tests.fakes.clock import FixedClock
-from tests.fakes.submitter import FakeRay, FakeWorkspaces, InMemoryJobStore
+from tests.fakes.submitter import FakeProgress, FakeRay, FakeWorkspaces, InMemoryJobStore
 
 
 @pytest.fixture
@@ -32,6 +33,7 @@ def deps(tmp_path: Path) -> Deps:
         store=InMemoryJobStore(),
         ray=FakeRay(),
         workspaces=FakeWorkspaces(tmp_path),
+        progress=FakeProgress(),
         quotas=Quotas(max_gpus_per_job=4, max_gpus_per_owner=4),
         checkpoint_root="file:///checkpoints",
     )
@@ -150,3 +152,24 @@ async def test_cancelling_an_unknown_job_is_unhandleable(deps: Deps) -> None:
     )
     with pytest.raises(Unhandleable, match="no job nope"):
         await on_job_cancel_requested(cancel, deps)
+
+
+async def test_training_progress_is_published_once_per_step(deps: Deps) -> None:
+    await on_job_requested(job_requested("job-p"), deps)
+    ray(deps).set("job-p-1", RayJobState.RUNNING)
+    assert isinstance(deps.progress, FakeProgress)
+    uri = "file:///checkpoints/job-p"
+    for step, loss in ((10, 0.9), (10, 0.9), (20, 0.5)):
+        deps.progress.reports[uri] = ProgressReport(
+            job_id="job-p",
+            attempt=1,
+            step=step,
+            total_steps=100,
+            metrics={"loss": loss},
+            updated_at=NOW,
+        )
+        await track_attempts(deps)
+    progress = [data for kind, data in published(deps) if kind == "progress"]
+    assert [(p.step, p.metrics) for p in progress] == [(10, {"loss": 0.9}), (20, {"loss": 0.5})]
+    assert isinstance(deps.store, InMemoryJobStore)
+    assert deps.store.records["job-p"][0].attempts[-1].step == 20

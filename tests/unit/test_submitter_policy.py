@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from services.submitter import policy
 from services.submitter.model import AttemptState, JobRecord, JobState, RayJobState, RayJobStatus
 from services.submitter.policy import Accept, Quotas, Reason, Reject
+from shared.checkpoints import ProgressReport
 from shared.events.data import JobRequested, RejectionReason
 from shared.events.types import Bundle, CapacityClass
 
@@ -161,3 +162,40 @@ def test_an_attempt_that_ended_between_two_looks_is_reported_started_first() -> 
     running = policy.on_ray_status(queued_record(), status(R.RUNNING), NOW).record
     after = policy.on_ray_status(running, status(R.SUCCEEDED), NOW)
     assert [fact.key for fact in after.facts] == ["succeeded-job-1-1"]
+
+
+def report(step: int, attempt: int = 1, **metrics: float) -> ProgressReport:
+    return ProgressReport(
+        job_id="job-1", attempt=attempt, step=step, metrics=metrics, updated_at=NOW
+    )
+
+
+RUNNING = policy.on_ray_status(queued_record(), status(R.RUNNING), NOW).record
+
+
+@pytest.mark.parametrize(
+    ("record", "progress", "reason"),
+    [
+        pytest.param(RUNNING, report(5, loss=0.3), Reason.PROGRESSED, id="first-report"),
+        pytest.param(RUNNING, None, Reason.UNCHANGED, id="nothing-reported"),
+        pytest.param(RUNNING, report(5, attempt=2), Reason.UNCHANGED, id="another-attempts-file"),
+        pytest.param(queued_record(), report(5), Reason.UNCHANGED, id="not-running-yet"),
+        pytest.param(
+            policy.on_progress(RUNNING, report(5), NOW).record,
+            report(5),
+            Reason.UNCHANGED,
+            id="same-step",
+        ),
+    ],
+)
+def test_progress_is_published_for_the_running_attempt_only(
+    record: JobRecord, progress: ProgressReport | None, reason: Reason
+) -> None:
+    assert policy.on_progress(record, progress, NOW).reason is reason
+
+
+def test_non_finite_metrics_stay_out_of_events() -> None:
+    transition = policy.on_progress(RUNNING, report(7, loss=float("nan"), acc=0.9), NOW)
+    [fact] = transition.facts
+    assert fact.data.metrics == {"acc": 0.9}  # type: ignore[attr-defined]
+    assert fact.key == "progress-job-1-1-7"

@@ -13,10 +13,6 @@ from services.submitter.model import JobRecord
 from services.submitter.ports import Revision, StaleRevisionError
 
 
-def jobs_bucket(prefix: str) -> str:
-    return f"{prefix}-jobs"
-
-
 class KvJobStore:
     def __init__(self, kv: KeyValue) -> None:
         self._kv = kv

@@ -1,0 +1,366 @@
+"""The job commands: submit, ls, show, logs, watch, cancel."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import re
+import time
+import urllib.error
+import urllib.request
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+from pydantic import ValidationError
+from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+from shared.cli.console import CliError, err, out
+from shared.client import PlatformError, SpotrainClient, current_user, new_job_id
+from shared.events import Event, EventData
+from shared.events.data import JobFailed, JobProgress, JobRejected, JobRequested
+from shared.events.types import Bundle, CapacityClass
+from shared.jobs import JobRecord
+from shared.workspace import WorkspaceError
+
+T = TypeVar("T")
+_DURATION = re.compile(r"^(\d+)([smh]?)$")
+
+
+def register_job_commands(app: typer.Typer) -> None:
+    app.command(context_settings={"allow_interspersed_args": True})(submit)
+    app.command(name="ls")(list_jobs)
+    app.command()(show)
+    app.command()(logs)
+    app.command()(watch)
+    app.command()(cancel)
+
+
+def submit(  # noqa: PLR0917  # a typer command: its options are its parameters
+    script: Annotated[
+        str, typer.Argument(help="A .py file in the working directory, or a command.")
+    ],
+    args: Annotated[
+        list[str] | None, typer.Argument(help="Arguments for the script, after --.")
+    ] = None,
+    gpus: Annotated[int, typer.Option(help="GPUs per worker.")] = 0,
+    workers: Annotated[int, typer.Option(help="Workers (nodes) for a multi-node job.")] = 1,
+    cpus: Annotated[float, typer.Option(help="CPUs per worker.")] = 1.0,
+    memory_gb: Annotated[float, typer.Option(help="Memory per worker, GB.")] = 0.0,
+    gpu_type: Annotated[str | None, typer.Option(help="e.g. nvidia-l4.")] = None,
+    spot: Annotated[bool, typer.Option("--spot", help="Spot capacity only.")] = False,
+    on_demand: Annotated[
+        bool, typer.Option("--on-demand", help="On-demand capacity only.")
+    ] = False,
+    any_capacity: Annotated[
+        bool, typer.Option("--any", help="Spot first, on-demand as fallback (default).")
+    ] = False,
+    priority: Annotated[int, typer.Option(min=0, max=9)] = 5,
+    max_restarts: Annotated[int, typer.Option(min=0)] = 3,
+    checkpoint_every: Annotated[str | None, typer.Option(help="e.g. 10m, 1h.")] = None,
+    experiment: Annotated[str | None, typer.Option()] = None,
+    label: Annotated[list[str] | None, typer.Option(help="KEY=VALUE, repeatable.")] = None,
+    env: Annotated[list[str] | None, typer.Option(help="NAME=VALUE, repeatable.")] = None,
+    pip: Annotated[list[str] | None, typer.Option(help="A pip requirement, repeatable.")] = None,
+    workdir: Annotated[Path, typer.Option(help="Folder packed and shipped with the job.")] = Path(),
+    job_id: Annotated[
+        str | None, typer.Option(help="Defaults to the script name + a suffix.")
+    ] = None,
+    wait: Annotated[
+        bool, typer.Option(help="Follow the job to its end; exit 1 if it fails.")
+    ] = False,
+) -> None:
+    """Submit a training job; prints its id on the last line."""
+    if sum((spot, on_demand, any_capacity)) > 1:
+        raise CliError("choose one of --spot, --on-demand, --any", 2)
+    capacity = (
+        CapacityClass.SPOT if spot else CapacityClass.ON_DEMAND if on_demand else CapacityClass.ANY
+    )
+    if not workdir.is_dir():
+        raise CliError(f"working directory {workdir} does not exist", 2)
+    entrypoint = _entrypoint(script, args or [], workdir)
+    owner = current_user()
+    fields: dict[str, Any] = {
+        "job_id": job_id or new_job_id(entrypoint),
+        "owner": owner,
+        "experiment": experiment,
+        "entrypoint": tuple(entrypoint),
+        "worker": {"gpus": gpus, "cpus": cpus, "memory_gb": memory_gb, "gpu_type": gpu_type},
+        "num_workers": workers,
+        "capacity": capacity,
+        "priority": priority,
+        "max_restarts": max_restarts,
+        "checkpoint_interval_s": _duration_s(checkpoint_every) if checkpoint_every else None,
+        "labels": _pairs(label or [], "--label"),
+        "env": _pairs(env or [], "--env"),
+        "pip": tuple(pip or ()),
+    }
+    # Validate before anything is uploaded: a bad value costs nothing.
+    _request(fields)
+
+    async def go() -> int:
+        async with await SpotrainClient.connect() as client:
+            try:
+                fields["working_dir"] = await client.upload_workspace(workdir)
+            except WorkspaceError as error:
+                raise CliError(str(error), 2) from None
+            request = _request(fields)
+            answer = await client.submit(request)
+            if answer is None:
+                err.print("[yellow]the submitter has not answered yet; the request is queued[/]")
+            elif isinstance(answer.data, JobRejected):
+                raise CliError(f"rejected: {answer.data.detail}")
+            if wait:
+                return await _follow(client, request.job_id)
+            return 0
+
+    code = _run(go)
+    out.print(fields["job_id"])
+    if code:
+        raise typer.Exit(code)
+
+
+def list_jobs(
+    everyone: Annotated[
+        bool, typer.Option("--all", help="Everyone's jobs, not only mine.")
+    ] = False,
+) -> None:
+    """My jobs: state, attempt, capacity, GPUs, age."""
+    records = _run(lambda: _with_client(lambda c: c.jobs()))
+    me = current_user()
+    table = Table("job", "state", "attempt", "capacity", "GPUs", "age", "experiment", "owner")
+    now = datetime.now(UTC)
+    for record in records:
+        if not everyone and record.request.owner != me:
+            continue
+        table.add_row(
+            record.job_id,
+            _state(record),
+            str(record.current.number if record.current else "-"),
+            record.request.capacity.value,
+            str(record.gpus),
+            _age(now - record.accepted_at),
+            record.request.experiment or "",
+            record.request.owner,
+        )
+    out.print(table)
+
+
+def show(job_id: str) -> None:
+    """The whole record of a job and its event history."""
+
+    async def go(client: SpotrainClient) -> tuple[JobRecord | None, list[Any]]:
+        return await client.job(job_id), await client.history(job_id)
+
+    record, history = _run(lambda: _with_client(go))
+    if record is None and not history:
+        raise CliError(f"no job {job_id}")
+    if record is not None:
+        out.print_json(record.model_dump_json(exclude={"request": {"env"}}))
+    table = Table("time", "event", "source", "details")
+    for event in history:
+        data = event.data.model_dump(mode="json", exclude={"job_id", "entrypoint", "env"})
+        table.add_row(
+            event.time.strftime("%H:%M:%S"), event.type, event.source, json.dumps(data)[:120]
+        )
+    out.print(table)
+
+
+def logs(
+    job_id: str,
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="Keep printing until it ends.")
+    ] = False,
+    attempt: Annotated[int | None, typer.Option(help="One attempt; all by default.")] = None,
+) -> None:
+    """The job's logs from Ray, across its attempts."""
+    record = _run(lambda: _with_client(lambda c: c.job(job_id)))
+    if record is None:
+        raise CliError(f"no job {job_id}")
+    dashboard = os.environ.get("SPOTRAIN_RAY_ADDRESS", "http://127.0.0.1:8265").rstrip("/")
+    attempts = [a for a in record.attempts if attempt is None or a.number == attempt]
+    if not attempts:
+        raise CliError(f"{job_id} has no attempt {attempt}")
+    for item in attempts[:-1] if follow else attempts:
+        _print_logs(dashboard, item.submission_id, item.number, len(record.attempts) > 1)
+    if follow:
+        _follow_logs(dashboard, job_id, attempts[-1].submission_id)
+
+
+def watch(job_id: str) -> None:
+    """A live progress bar: step, loss, ETA, attempts."""
+    code = _run(lambda: _with_client(lambda c: _watch(c, job_id)))
+    if code:
+        raise typer.Exit(code)
+
+
+def cancel(job_id: str) -> None:
+    """Stop a job; its running attempt is stopped in Ray."""
+    _run(lambda: _with_client(lambda c: c.cancel(job_id, current_user())))
+    out.print(f"cancel requested for {job_id}")
+
+
+# --- helpers of the commands above -----------------------------------------------------
+
+
+def _entrypoint(script: str, args: list[str], workdir: Path) -> list[str]:
+    if script.endswith(".py"):
+        if not (workdir / script).is_file():
+            raise CliError(f"{script} not found in {workdir.resolve()}", 2)
+        return ["python", script, *args]
+    return [script, *args]
+
+
+def _request(fields: dict[str, Any]) -> JobRequested:
+    try:
+        worker = Bundle.model_validate(fields["worker"])
+        return JobRequested.model_validate({**fields, "worker": worker}, strict=False)
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise CliError(f"invalid job: {where}: {first['msg']}", 2) from None
+
+
+def _pairs(items: list[str], flag: str) -> dict[str, str]:
+    pairs = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise CliError(f"{flag} takes KEY=VALUE, not {item!r}", 2)
+        pairs[key] = value
+    return pairs
+
+
+def _duration_s(text: str) -> int:
+    match = _DURATION.match(text.strip())
+    if match is None:
+        raise CliError(f"not a duration: {text!r} (use e.g. 90s, 10m, 2h)", 2)
+    value, unit = match.groups()
+    return int(value) * {"": 1, "s": 1, "m": 60, "h": 3600}[unit]
+
+
+def _run(factory: Callable[[], Awaitable[T]]) -> T:
+    async def main() -> T:
+        return await factory()
+
+    return asyncio.run(main())
+
+
+async def _with_client(action: Callable[[SpotrainClient], Awaitable[T]]) -> T:
+    async with await SpotrainClient.connect() as client:
+        return await action(client)
+
+
+async def _follow(client: SpotrainClient, job_id: str) -> int:
+    async with contextlib.aclosing(client.follow(job_id)) as events:
+        return await _print_until_end(events)
+
+
+async def _print_until_end(events: AsyncIterator[Event[EventData]]) -> int:
+    async for event in events:
+        kind = event.type.split(".")[2]
+        if isinstance(event.data, JobProgress):
+            continue
+        err.print(f"[dim]{event.time:%H:%M:%S}[/] {kind}")
+        if isinstance(event.data, JobFailed):
+            err.print(f"[red]{event.data.message.strip().splitlines()[-1]}[/]")
+            return 1
+        if isinstance(event.data, JobRejected):
+            return 1
+    return 0
+
+
+async def _watch(client: SpotrainClient, job_id: str) -> int:
+    if await client.job(job_id) is None:
+        raise PlatformError(f"no job {job_id}")
+    columns = (
+        TextColumn("[bold]{task.fields[job]}[/] attempt {task.fields[attempt]}"),
+        BarColumn(),
+        TextColumn("step {task.completed:.0f}/{task.total}"),
+        TextColumn("{task.fields[metrics]}"),
+        TimeRemainingColumn(),
+        TextColumn("{task.fields[state]}"),
+    )
+    with Progress(*columns, console=out) as progress:
+        task = progress.add_task(job_id, total=None, job=job_id, attempt=1, metrics="", state="")
+        async with contextlib.aclosing(client.follow(job_id)) as events:
+            return await _show_progress(progress, task, events)
+
+
+async def _show_progress(
+    progress: Progress, task: TaskID, events: AsyncIterator[Event[EventData]]
+) -> int:
+    async for event in events:
+        kind = event.type.split(".")[2]
+        fields: dict[str, Any] = {"state": kind}
+        if isinstance(event.data, JobProgress):
+            metrics = " ".join(f"{k}={v:.4g}" for k, v in sorted(event.data.metrics.items()))
+            progress.update(
+                task,
+                completed=event.data.step,
+                total=event.data.total_steps,
+                attempt=event.data.attempt,
+                metrics=metrics,
+                state="running",
+            )
+            continue
+        if attempt := getattr(event.data, "attempt", None):
+            fields["attempt"] = attempt
+        progress.update(task, **fields)
+        if isinstance(event.data, JobFailed | JobRejected):
+            return 1
+    return 0
+
+
+def _print_logs(dashboard: str, submission_id: str, number: int, headed: bool) -> str:
+    text = _ray_logs(dashboard, submission_id)
+    if headed:
+        out.print(f"[bold]── attempt {number} ({submission_id}) ──[/]")
+    out.out(text, end="")
+    return text
+
+
+def _follow_logs(dashboard: str, job_id: str, submission_id: str) -> None:
+    shown = 0
+    while True:
+        text = _ray_logs(dashboard, submission_id)
+        out.out(text[shown:], end="")
+        shown = len(text)
+        record = _run(lambda: _with_client(lambda c: c.job(job_id)))
+        if record is None or not record.is_active or record.current is None:
+            return
+        if record.current.submission_id != submission_id:
+            submission_id, shown = record.current.submission_id, 0
+        time.sleep(1)
+
+
+def _ray_logs(dashboard: str, submission_id: str) -> str:
+    url = f"{dashboard}/api/jobs/{submission_id}/logs"
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:  # noqa: S310  # the Ray dashboard
+            return str(json.load(response).get("logs", ""))
+    except urllib.error.HTTPError as error:
+        if error.code == 404:
+            return ""
+        raise CliError(f"Ray answered {error.code} for the logs of {submission_id}") from None
+    except OSError as error:
+        raise CliError(f"cannot reach Ray's dashboard at {dashboard}: {error}") from None
+
+
+def _state(record: JobRecord) -> str:
+    colours = {"succeeded": "green", "failed": "red", "rejected": "red", "running": "cyan"}
+    state = record.state.value
+    return f"[{colours.get(state, 'yellow')}]{state}[/]"
+
+
+def _age(delta: Any) -> str:
+    seconds = int(delta.total_seconds())
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"

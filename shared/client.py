@@ -1,0 +1,226 @@
+"""The client SDK: what the CLI, notebooks and bots use to talk to the platform.
+
+It speaks only to the bus: it publishes requests and reads the `jobs` bucket and the event
+stream. It never imports Ray, so it is quick to import.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import getpass
+import re
+import secrets
+from collections.abc import AsyncGenerator, Sequence
+from pathlib import Path
+from typing import Any, Self
+
+import nats.errors
+import nats.js.errors
+
+from shared.clock import Clock, SystemClock
+from shared.events import Event, EventData, decode, new_event, subject_for
+from shared.events.data import (
+    JobAccepted,
+    JobCancelled,
+    JobCancelRequested,
+    JobFailed,
+    JobRejected,
+    JobRequested,
+    JobSucceeded,
+)
+from shared.jobs import JobRecord, jobs_bucket
+from shared.messaging import BusSettings
+from shared.messaging.jetstream import BusUnavailableError, JetStreamBus
+from shared.workspace import pack, upload
+
+TERMINAL_EVENTS = (JobSucceeded, JobFailed, JobCancelled, JobRejected)
+
+
+class PlatformError(RuntimeError):
+    """The platform refused or could not be reached; the message is for the user."""
+
+
+def new_job_id(entrypoint: Sequence[str]) -> str:
+    """A readable, unique id: the script's name and a random suffix (`train-3f9a1c`)."""
+    stem = Path(
+        entrypoint[1] if len(entrypoint) > 1 and entrypoint[0] == "python" else entrypoint[0]
+    ).stem
+    slug = re.sub(r"[^a-z0-9-]+", "-", stem.lower()).strip("-")[:40] or "job"
+    return f"{slug}-{secrets.token_hex(3)}"
+
+
+def current_user() -> str:
+    user = re.sub(r"[^A-Za-z0-9._@-]+", "-", getpass.getuser()).strip("-")
+    return user or "unknown"
+
+
+class SpotrainClient:
+    def __init__(self, bus: JetStreamBus, clock: Clock) -> None:
+        self._bus = bus
+        self._clock = clock
+
+    @classmethod
+    async def connect(cls, settings: BusSettings | None = None) -> Self:
+        settings = settings or BusSettings(connect_timeout_s=3)
+        try:
+            bus = await JetStreamBus.connect(settings, name="spotrain-client")
+        except BusUnavailableError:
+            msg = (
+                f"the stack is not running (no NATS at {settings.nats_url}); start it: spotrain up"
+            )
+            raise PlatformError(msg) from None
+        return cls(bus, SystemClock())
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        await self._bus.close()
+
+    @property
+    def prefix(self) -> str:
+        return self._bus.prefix
+
+    async def upload_workspace(self, root: Path) -> Any:
+        packed = await asyncio.to_thread(pack, root)
+        return await upload(self._bus.client.jetstream(), self.prefix, packed)
+
+    async def submit(
+        self, request: JobRequested, *, answer_timeout_s: float = 5.0
+    ) -> Event[JobAccepted] | Event[JobRejected] | None:
+        """Publish the request and wait for the submitter's answer, accepted or rejected.
+
+        None when no answer came in time: the request is stored and will be handled.
+        """
+        answers: asyncio.Queue[Event[Any]] = asyncio.Queue()
+
+        async def on_answer(msg: Any) -> None:
+            try:
+                event = decode(msg.data)
+            except ValueError:
+                return
+            if (
+                event.subject == request.job_id
+                or getattr(event.data, "job_id", None) == request.job_id
+            ):
+                answers.put_nowait(event)
+
+        # Subscribed before publishing, so a quick answer is not missed.
+        subs = [
+            await self._bus.client.subscribe(subject_for(model, self.prefix), cb=on_answer)
+            for model in (JobAccepted, JobRejected)
+        ]
+        try:
+            event = new_event(
+                request,
+                source=f"cli/{request.owner}",
+                time=self._clock.now(),
+                subject=request.job_id,
+            )
+            await self._bus.publish(event)
+            try:
+                answer = await asyncio.wait_for(answers.get(), timeout=answer_timeout_s)
+            except TimeoutError:
+                return None
+            return answer
+        finally:
+            for sub in subs:
+                await sub.unsubscribe()
+
+    async def cancel(self, job_id: str, requested_by: str) -> None:
+        if await self.job(job_id) is None:
+            raise PlatformError(f"no job {job_id}")
+        event = new_event(
+            JobCancelRequested(job_id=job_id, requested_by=requested_by),
+            source=f"cli/{requested_by}",
+            time=self._clock.now(),
+            subject=job_id,
+        )
+        await self._bus.publish(event)
+
+    async def jobs(self) -> list[JobRecord]:
+        kv = await self._jobs_kv()
+        if kv is None:
+            return []
+        try:
+            keys = await kv.keys()
+        except nats.js.errors.NoKeysError:
+            return []
+        records = []
+        for key in keys:
+            try:
+                entry = await kv.get(key)
+            except nats.js.errors.KeyNotFoundError:
+                continue
+            if entry.value:
+                records.append(JobRecord.model_validate_json(entry.value))
+        return sorted(records, key=lambda r: r.accepted_at, reverse=True)
+
+    async def job(self, job_id: str) -> JobRecord | None:
+        kv = await self._jobs_kv()
+        if kv is None:
+            return None
+        try:
+            entry = await kv.get(job_id)
+        except nats.js.errors.KeyNotFoundError:
+            return None
+        return JobRecord.model_validate_json(entry.value) if entry.value else None
+
+    async def history(self, job_id: str) -> list[Event[EventData]]:
+        """Every stored event about the job, oldest first."""
+        events = []
+        for stored in await self._bus.read(f"{self.prefix}.job.>"):
+            try:
+                event = decode(stored.data)
+            except ValueError:
+                continue
+            if getattr(event.data, "job_id", None) == job_id:
+                events.append(event)
+        return events
+
+    async def follow(self, job_id: str) -> AsyncGenerator[Event[EventData], None]:
+        """The job's events as they happen, from the first; ends after its terminal event.
+
+        Use it inside `contextlib.aclosing` when you may stop before the end."""
+        queue: asyncio.Queue[Event[EventData]] = asyncio.Queue()
+        seen: set[str] = set()
+
+        async def on_event(msg: Any) -> None:
+            try:
+                event = decode(msg.data)
+            except ValueError:
+                return
+            if getattr(event.data, "job_id", None) == job_id:
+                queue.put_nowait(event)
+
+        # Subscribed before reading the history, so nothing falls between the two.
+        sub = await self._bus.client.subscribe(f"{self.prefix}.job.>", cb=on_event)
+        try:
+            for event in await self.history(job_id):
+                seen.add(event.id)
+                yield event
+                if isinstance(event.data, TERMINAL_EVENTS):
+                    return
+            while True:
+                event = await queue.get()
+                if event.id in seen:
+                    continue
+                seen.add(event.id)
+                yield event
+                if isinstance(event.data, TERMINAL_EVENTS):
+                    return
+        finally:
+            with contextlib.suppress(nats.errors.Error):
+                await sub.unsubscribe()
+
+    async def _jobs_kv(self) -> Any:
+        try:
+            return await self._bus.client.jetstream().key_value(jobs_bucket(self.prefix))
+        except (nats.js.errors.BucketNotFoundError, nats.js.errors.NotFoundError):
+            return None
+        except nats.errors.TimeoutError as error:
+            raise PlatformError("NATS did not answer in time") from error
