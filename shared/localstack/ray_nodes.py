@@ -9,6 +9,7 @@ Each node gets a block of ports above Ray's default worker range (10002-19999).
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 from collections.abc import Mapping
@@ -53,6 +54,14 @@ class NodePorts:
         ]
 
 
+def node_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The environment of a Ray node: this Python's bin folder first on PATH, so a job's
+    `python train.py` runs with the interpreter (and packages) the platform runs with."""
+    bin_dir = str(Path(sys.executable).parent)
+    path = env.get("PATH", "")
+    return {**env, "PATH": f"{bin_dir}{os.pathsep}{path}" if path else bin_dir}
+
+
 def ray_binary() -> str:
     beside = Path(sys.executable).parent / "ray"
     return str(beside) if beside.exists() else (shutil.which("ray") or "ray")
@@ -87,6 +96,6 @@ def start_worker(
         name,
         worker_argv(gcs_address, shape, ports),
         log_path=log_dir / f"node-{name}.log",
-        env=env,
+        env=node_env(env),
         cwd=log_dir,
     )

@@ -26,7 +26,7 @@ from shared.localstack.processes import (
     stop_session,
     tail,
 )
-from shared.localstack.ray_nodes import NodePorts, ray_binary
+from shared.localstack.ray_nodes import NodePorts, node_env, ray_binary
 from shared.localstack.settings import LocalStackSettings
 
 SERVICES = ("submitter", "scaler", "preemption_watcher", "checkpointer")
@@ -131,7 +131,7 @@ def components(settings: LocalStackSettings) -> list[Component]:
             "--disable-usage-stats",
             *NodePorts(s.ray_head_port_base).argv(),
         ],
-        env=base_env,
+        env=node_env(base_env),
         ports=(
             Port(s.ray_head_port_base + 2, "SPOTRAIN_LOCAL_RAY_HEAD_PORT_BASE"),
             Port(s.ray_gcs_port, "SPOTRAIN_LOCAL_RAY_GCS_PORT"),

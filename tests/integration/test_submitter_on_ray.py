@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import AsyncIterator, Iterator
@@ -14,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from shared.checkpoints import latest_checkpoint
 from shared.events import decode, new_event
 from shared.events.data import JobCancelRequested
 from shared.events.types import Bundle, CapacityClass
@@ -179,3 +182,82 @@ async def test_a_submitter_killed_mid_job_picks_the_job_up_again(
         "job-survivor-1"
     ]
     assert "finished once" in ray_logs(cluster, "job-survivor-1")
+
+
+EXAMPLES = Path(__file__).parents[2] / "examples"
+
+
+def cli(
+    cluster: LocalStackSettings, *args: str, cwd: Path = EXAMPLES
+) -> subprocess.CompletedProcess[str]:
+    env = {
+        **os.environ,
+        "SPOTRAIN_NATS_URL": cluster.nats_url,
+        "SPOTRAIN_RAY_ADDRESS": cluster.dashboard_url,
+    }
+    return subprocess.run(
+        [sys.executable, "-c", "from shared.cli.app import main; main()", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cwd,
+        timeout=180,
+        check=False,
+    )
+
+
+async def test_the_cli_trains_the_digits_example_with_progress_and_checkpoints(
+    cluster: LocalStackSettings, bus: JetStreamBus
+) -> None:
+    submitted = await asyncio.to_thread(
+        cli, cluster, "submit", "train_digits.py", "--spot", "--experiment", "digits",
+        "--job-id", "digits-1", "--wait", "--", "--steps", "120", "--step-delay-s", "0.02",
+    )  # fmt: skip
+    assert submitted.returncode == 0, submitted.stderr
+    assert submitted.stdout.strip().splitlines()[-1] == "digits-1"
+
+    logs = await asyncio.to_thread(cli, cluster, "logs", "digits-1")
+    assert "attempt 1: starting at step 0" in logs.stdout
+    assert "final accuracy" in logs.stdout
+
+    progress = [data for kind, data in await job_events(bus, "digits-1") if kind == "progress"]
+    assert progress, "training progress reached the bus"
+    assert progress[-1].step > progress[0].step
+    assert "loss" in progress[-1].metrics
+    latest = latest_checkpoint((cluster.checkpoint_dir / "digits-1").as_uri())
+    assert latest is not None
+    assert latest.step == 120
+
+    listing = await asyncio.to_thread(cli, cluster, "ls", "--all")
+    assert "digits-1" in listing.stdout
+    assert "succeeded" in listing.stdout
+
+
+async def test_the_cli_says_why_a_job_did_not_run(
+    cluster: LocalStackSettings, tmp_path: Path
+) -> None:
+    (tmp_path / "broken.py").write_text("raise SystemExit('diverged')\n")
+    over = await asyncio.to_thread(
+        cli, cluster, "submit", "broken.py", "--gpus", "12", cwd=tmp_path
+    )
+    assert over.returncode == 1
+    assert over.stderr.strip() == (
+        "spotrain: error: rejected: the job asks for 12 GPUs; the limit per job is 8"
+    )
+    failed = await asyncio.to_thread(
+        cli, cluster, "submit", "broken.py", "--spot", "--wait", cwd=tmp_path
+    )
+    assert failed.returncode == 1
+    assert "failed" in failed.stderr
+
+
+async def test_the_cli_cancels_a_running_job(cluster: LocalStackSettings, tmp_path: Path) -> None:
+    (tmp_path / "slow.py").write_text("import time\ntime.sleep(120)\n")
+    submitted = await asyncio.to_thread(
+        cli, cluster, "submit", "slow.py", "--spot", "--job-id", "slow-1", cwd=tmp_path
+    )
+    assert submitted.returncode == 0, submitted.stderr
+    cancelled = await asyncio.to_thread(cli, cluster, "cancel", "slow-1")
+    assert cancelled.returncode == 0, cancelled.stderr
+    unknown = await asyncio.to_thread(cli, cluster, "cancel", "no-such-job")
+    assert unknown.stderr.strip() == "spotrain: error: no job no-such-job"
