@@ -16,7 +16,6 @@ from rich.table import Table
 from shared.cli.console import CliError, err, out
 from shared.cli.jobs import register_job_commands
 from shared.client import PlatformError
-from shared.events.schema_export import write_documents
 from shared.localstack import stack
 from shared.localstack.settings import LocalStackSettings
 
@@ -64,6 +63,8 @@ def schema(
     ] = Path("docs/events"),
 ) -> None:
     """Write the JSON Schema of every event and an AsyncAPI 3 document."""
+    from shared.events.schema_export import write_documents  # noqa: PLC0415  # rarely used, slow
+
     written = write_documents(out_dir)
     out.print(f"wrote {len(written)} files to {out_dir}")
 

@@ -6,6 +6,7 @@ v2 of an event shares its subject with v1 and consumers decide what they underst
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -21,7 +22,11 @@ class EventSpec:
     """One entry of the catalog."""
 
     model: type[d.EventData]
-    envelope: type[Event[Any]]
+
+    @functools.cached_property
+    def envelope(self) -> type[Event[Any]]:
+        """The envelope parametrised by this data model, built on first use."""
+        return Event[self.model]  # type: ignore[name-defined]
 
     @property
     def type(self) -> str:
@@ -53,10 +58,7 @@ _MODELS: tuple[type[d.EventData], ...] = (
     d.NodeLost,
 )
 
-CATALOG: Mapping[str, EventSpec] = {
-    model.event_type(): EventSpec(model=model, envelope=Event[model])  # type: ignore[valid-type]
-    for model in _MODELS
-}
+CATALOG: Mapping[str, EventSpec] = {model.event_type(): EventSpec(model=model) for model in _MODELS}
 
 
 def spec_for(model: type[d.EventData]) -> EventSpec:

@@ -40,7 +40,8 @@ class CapacityClass(StrEnum):
 class Frozen(BaseModel):
     """Base of every value on the bus: immutable, strict, no unknown fields."""
 
-    model_config = ConfigDict(frozen=True, strict=True, extra="forbid")
+    # Schemas are built on first use, not at import: the CLI must start fast.
+    model_config = ConfigDict(frozen=True, strict=True, extra="forbid", defer_build=True)
 
 
 class Bundle(Frozen):

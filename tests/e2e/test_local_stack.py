@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
 def spotrain(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-c", "from shared.cli.app import main; main()", *args],
+        [sys.executable, "-c", "from shared.cli.entry import main; main()", *args],
         capture_output=True,
         text=True,
         env=env,

@@ -196,7 +196,7 @@ def cli(
         "SPOTRAIN_RAY_ADDRESS": cluster.dashboard_url,
     }
     return subprocess.run(
-        [sys.executable, "-c", "from shared.cli.app import main; main()", *args],
+        [sys.executable, "-c", "from shared.cli.entry import main; main()", *args],
         capture_output=True,
         text=True,
         env=env,

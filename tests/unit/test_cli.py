@@ -14,7 +14,7 @@ from shared.localstack.ports import free_port
 
 def spotrain(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-c", "from shared.cli.app import main; main()", *args],
+        [sys.executable, "-c", "from shared.cli.entry import main; main()", *args],
         capture_output=True,
         text=True,
         env={**os.environ, **(env or {})},
