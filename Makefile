@@ -34,6 +34,7 @@ down: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/bus.py
+	$(BIN)/python bench/submit.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -231,6 +231,13 @@ async def test_the_cli_trains_the_digits_example_with_progress_and_checkpoints(
     listing = await asyncio.to_thread(cli, cluster, "ls", "--all")
     assert "digits-1" in listing.stdout
     assert "succeeded" in listing.stdout
+    # A finished job's events stay on the bus for anyone to follow or inspect.
+    watched = await asyncio.to_thread(cli, cluster, "watch", "digits-1")
+    assert watched.returncode == 0, watched.stderr
+    assert "succeeded" in watched.stdout
+    shown = await asyncio.to_thread(cli, cluster, "show", "digits-1")
+    assert "spotrain.job.progress.v1" in shown.stdout
+    assert '"state": "succeeded"' in shown.stdout
 
 
 async def test_the_cli_says_why_a_job_did_not_run(
@@ -261,3 +268,4 @@ async def test_the_cli_cancels_a_running_job(cluster: LocalStackSettings, tmp_pa
     assert cancelled.returncode == 0, cancelled.stderr
     unknown = await asyncio.to_thread(cli, cluster, "cancel", "no-such-job")
     assert unknown.stderr.strip() == "spotrain: error: no job no-such-job"
+
