@@ -18,6 +18,9 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/spotrain up
 	$(BIN)/spotrain demo
+	$(BIN)/spotrain submit train_digits.py --workdir examples --spot --experiment demo \
+		--wait -- --steps 300 --step-delay-s 0.01
+	$(BIN)/spotrain ls
 	@echo "The stack keeps running: $(BIN)/spotrain status | $(BIN)/spotrain down"
 
 lint: $(STAMP)

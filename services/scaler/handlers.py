@@ -1,42 +1,148 @@
-"""The scaler's reactions to events; the SUBSCRIPTIONS table at the bottom says which.
-
-Until the scaling policy lands, the scaler records the demand it sees in its log.
-"""
+"""The scaler's reactions: queued and settled demand from the bus, and a reconcile loop
+that observes pools and Ray, decides (policy) and resizes (provider)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
 
-from shared.events import Event, EventData
-from shared.events.data import JobCancelled, JobFailed, JobQueued, JobStarted, JobSucceeded
+from services.scaler import policy
+from services.scaler.model import BlockedReason, Demand, NodeView, PoolSpec, ScalePlan, ScalerConfig
+from services.scaler.ports import ClusterObserver, DemandStore, PoolProvider
+from shared.clock import Clock
+from shared.events import Event, EventData, new_event
+from shared.events.data import (
+    JobCancelled,
+    JobFailed,
+    JobInterrupted,
+    JobQueued,
+    JobStarted,
+    JobSucceeded,
+    PoolResized,
+    PoolResizeFailed,
+    PoolResizeRequested,
+)
 from shared.messaging import EventPublisher, HandlerWithDeps
 
 SERVICE = "scaler"
 log = structlog.get_logger()
 
 
-@dataclass(frozen=True)
+@dataclass
 class Deps:
     bus: EventPublisher
+    clock: Clock
+    pools: Sequence[PoolSpec]
+    config: ScalerConfig
+    provider: PoolProvider
+    observer: ClusterObserver
+    demand: DemandStore
+    reported_blocks: set[tuple[str, int, str]] = field(default_factory=set)
+    """Blocked demand already announced, so each is said once per attempt and reason."""
 
 
 async def on_job_queued(event: Event[JobQueued], deps: Deps) -> None:
-    demand = event.data
-    log.info(
-        "demand.queued",
-        attempt=demand.attempt,
-        gpus=sum(bundle.gpus for bundle in demand.bundles),
-        bundles=len(demand.bundles),
-        capacity=demand.capacity.value,
+    queued = event.data
+    await deps.demand.put(
+        Demand(
+            job_id=queued.job_id,
+            attempt=queued.attempt,
+            bundles=queued.bundles,
+            capacity=queued.capacity,
+            priority=queued.priority,
+            queued_at=event.time,
+        )
     )
+    gpus = sum(b.gpus for b in queued.bundles)
+    log.info("demand.queued", attempt=queued.attempt, gpus=gpus, capacity=queued.capacity.value)
 
 
 async def on_job_settled(event: Event[Any], deps: Deps) -> None:
-    """A job left the queue (started) or the cluster (ended): its demand is gone."""
-    log.info("demand.settled", event_type=event.type)
+    """The attempt started or ended: its demand is no longer pending."""
+    await deps.demand.remove(event.data.job_id)
+
+
+async def reconcile(deps: Deps) -> ScalePlan:
+    """One pass: observe, decide, act. Level-triggered: a missed pass is repaired by the next."""
+    provided = await deps.provider.nodes()
+    observed = await deps.observer.nodes()
+    by_pool = {p.name: p for p in deps.pools}
+    now = deps.clock.now()
+    views = [
+        NodeView(
+            name=n.name,
+            pool=n.pool,
+            ready=n.name in observed,
+            free=observed[n.name].free if n.name in observed else by_pool[n.pool].shape,
+            idle_s=observed[n.name].idle_s if n.name in observed else 0.0,
+            age_s=max(0.0, (now - n.launched_at).total_seconds()),
+        )
+        for n in provided
+        if n.pool in by_pool
+    ]
+    decided = policy.plan(deps.pools, views, await deps.demand.all(), deps.config, now)
+    for pool_plan in decided.pools:
+        if pool_plan.target == pool_plan.current:
+            continue
+        requested = PoolResizeRequested(
+            pool=pool_plan.pool,
+            from_size=pool_plan.current,
+            to_size=pool_plan.target,
+            reason=pool_plan.reason.value,
+        )
+        await _publish(deps, requested)
+        log.info(
+            "pool.resize",
+            pool=pool_plan.pool,
+            current=pool_plan.current,
+            target=pool_plan.target,
+            reason=pool_plan.reason.value,
+        )
+        try:
+            if pool_plan.target > pool_plan.current:
+                await deps.provider.launch(
+                    by_pool[pool_plan.pool], pool_plan.target - pool_plan.current
+                )
+            else:
+                for name in decided.release:
+                    if any(n.name == name and n.pool == pool_plan.pool for n in provided):
+                        await deps.provider.release(name)
+        except OSError as error:
+            failed = PoolResizeFailed(
+                pool=pool_plan.pool, to_size=pool_plan.target, message=str(error)
+            )
+            await _publish(deps, failed)
+            continue
+        await _publish(deps, PoolResized(pool=pool_plan.pool, size=pool_plan.target))
+    for blocked in decided.blocked:
+        if blocked.reason is BlockedReason.SETTLING:
+            continue  # a moment's wait, not news
+        key = (blocked.job_id, blocked.attempt, blocked.reason.value)
+        if key in deps.reported_blocks:
+            continue
+        deps.reported_blocks.add(key)
+        message = f"{blocked.job_id}: {blocked.reason.value}: {blocked.detail}"
+        await _publish(
+            deps,
+            PoolResizeFailed(pool=blocked.pool or "none", to_size=0, message=message),
+            event_id=f"blocked-{blocked.job_id}-{blocked.attempt}-{blocked.reason.value}",
+        )
+        log.warning(
+            "demand.blocked",
+            job_id=blocked.job_id,
+            reason=blocked.reason.value,
+            detail=blocked.detail,
+        )
+    return decided
+
+
+async def _publish(deps: Deps, data: EventData, event_id: str | None = None) -> None:
+    await deps.bus.publish(
+        new_event(data, source=SERVICE, time=deps.clock.now(), event_id=event_id)
+    )
 
 
 SUBSCRIPTIONS: dict[type[EventData], HandlerWithDeps[Deps]] = {
@@ -45,4 +151,5 @@ SUBSCRIPTIONS: dict[type[EventData], HandlerWithDeps[Deps]] = {
     JobSucceeded: on_job_settled,
     JobFailed: on_job_settled,
     JobCancelled: on_job_settled,
+    JobInterrupted: on_job_settled,
 }

@@ -43,6 +43,11 @@ class LocalStackSettings(BaseSettings):
         return self.home / "run"
 
     @property
+    def node_dir(self) -> Path:
+        """Where the scaler's local provider records the Ray nodes it started."""
+        return self.run_dir / "nodes"
+
+    @property
     def log_dir(self) -> Path:
         return self.home / "logs"
 

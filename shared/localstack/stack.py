@@ -76,6 +76,8 @@ def components(settings: LocalStackSettings) -> list[Component]:
         **os.environ,
         "SPOTRAIN_NATS_URL": s.nats_url,
         "SPOTRAIN_RAY_ADDRESS": s.dashboard_url,
+        "SPOTRAIN_RAY_GCS_ADDRESS": s.gcs_address,
+        "SPOTRAIN_LOCAL_HOME": str(s.home),
         "SPOTRAIN_CHECKPOINT_ROOT": s.checkpoint_dir.as_uri(),
         "SPOTRAIN_SUBMITTER_WORKSPACE_CACHE_DIR": str(s.home / "workspaces"),
         "PYTHONUNBUFFERED": "1",
@@ -209,9 +211,12 @@ def up(settings: LocalStackSettings, progress: Progress = lambda _: None) -> lis
 
 
 def down(settings: LocalStackSettings, progress: Progress = lambda _: None) -> list[str]:
-    """Stop every component `up` started, services first and NATS last."""
+    """Stop every component `up` started, services first, then the pool nodes the scaler
+    started, then Ray's head, and NATS last."""
     stopped = []
     for component in reversed(components(settings)):
+        if component.name == "ray-head":
+            stopped += _stop_nodes(settings, progress)
         path = _pid_file(settings, component.name)
         record = ProcessRecord.load(path)
         if record is None:
@@ -224,6 +229,19 @@ def down(settings: LocalStackSettings, progress: Progress = lambda _: None) -> l
             # Its leader is gone, but what it spawned may still run in its session.
             stop_session(record.pid, grace_s=1)
         path.unlink(missing_ok=True)
+    return stopped
+
+
+def _stop_nodes(settings: LocalStackSettings, progress: Progress) -> list[str]:
+    stopped = []
+    for path in sorted(settings.node_dir.glob("*.json")):
+        record = ProcessRecord.load(path)
+        if record is not None:
+            progress(f"stopping node {record.name}")
+            stop_session(record.pid, grace_s=2)
+            stopped.append(f"node {record.name}")
+        path.unlink(missing_ok=True)
+        path.with_suffix(".pool").unlink(missing_ok=True)
     return stopped
 
 

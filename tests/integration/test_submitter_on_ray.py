@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -22,12 +21,10 @@ from shared.events.data import JobCancelRequested
 from shared.events.types import Bundle, CapacityClass
 from shared.localstack import stack
 from shared.localstack.ports import free_port, free_port_below, free_port_block
-from shared.localstack.processes import ProcessRecord, is_running, stop_session
-from shared.localstack.ray_nodes import NodePorts, NodeShape, start_worker
+from shared.localstack.processes import ProcessRecord, stop_session
 from shared.localstack.settings import LocalStackSettings
 from shared.messaging import BusSettings
 from shared.messaging.jetstream import JetStreamBus
-from shared.resources import RESOURCE_PER_NODE, capacity_resource
 from tests.async_helpers import eventually
 from tests.events import NOW, job_requested
 
@@ -36,7 +33,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(300
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStackSettings]:
-    """The local stack plus one spot worker node with two GPUs, shared by the module."""
+    """The local stack, shared by the module; its scaler starts the nodes jobs need."""
     settings = LocalStackSettings(
         home=tmp_path_factory.mktemp("stack"),
         nats_port=free_port(),
@@ -47,33 +44,15 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStackSett
         ray_head_port_base=free_port_block(64),
         service_port_base=free_port(),
     )
-    stack.up(settings)
-    spot = capacity_resource(CapacityClass.SPOT)
-    assert spot is not None
-    worker = start_worker(
-        "gpu-spot-1",
-        settings.gcs_address,
-        NodeShape(num_cpus=2, num_gpus=2, resources={spot: RESOURCE_PER_NODE}),
-        NodePorts(free_port_block(64)),
-        log_dir=settings.log_dir,
-        env=os.environ,
-    )
+    with pytest.MonkeyPatch.context() as env:
+        # Nodes stay between tests, and a second one may come soon after the first.
+        env.setenv("SPOTRAIN_SCALER_IDLE_TIMEOUT_S", "300")
+        env.setenv("SPOTRAIN_SCALER_SETTLE_S", "8")
+        stack.up(settings)
     try:
-        _wait_for_line(Path(worker.log), "Ray runtime started", worker)
         yield settings
     finally:
-        stop_session(worker.pid, grace_s=2)
         stack.down(settings)
-
-
-def _wait_for_line(path: Path, text: str, record: ProcessRecord, timeout_s: float = 60) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if path.exists() and text in path.read_text(errors="replace"):
-            return
-        assert is_running(record), path.read_text(errors="replace")[-2000:]
-        time.sleep(0.2)
-    raise AssertionError(f"{text!r} not in {path} after {timeout_s}s")
 
 
 @pytest.fixture
@@ -118,7 +97,7 @@ async def test_a_request_runs_on_the_gpu_node_and_succeeds(
         "print('trained', os.environ['SPOTRAIN_JOB_ID'], os.environ['CUDA_VISIBLE_DEVICES'])"
     )
     await bus.publish(job_requested("job-ok", entrypoint=("python", "-c", script), **SPOT_GPU))
-    kinds = await wait_for(bus, "job-ok", "succeeded")
+    kinds = await wait_for(bus, "job-ok", "succeeded", timeout_s=90)
     assert kinds == ["requested", "accepted", "queued", "started", "succeeded"]
     assert "trained job-ok 0" in ray_logs(cluster, "job-ok-1")
 
@@ -268,4 +247,3 @@ async def test_the_cli_cancels_a_running_job(cluster: LocalStackSettings, tmp_pa
     assert cancelled.returncode == 0, cancelled.stderr
     unknown = await asyncio.to_thread(cli, cluster, "cancel", "no-such-job")
     assert unknown.stderr.strip() == "spotrain: error: no job no-such-job"
-

@@ -1,0 +1,1 @@
+"""The scaler's adapters: the local pool provider, Ray's cluster state, its demand bucket."""

@@ -1,0 +1,58 @@
+"""`DemandStore` on the scaler's own key-value bucket: one key per queued job."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Self
+
+import nats.js.errors
+from nats.js import JetStreamContext
+from nats.js.api import KeyValueConfig, StorageType
+from nats.js.kv import KeyValue
+
+from services.scaler.model import Demand
+
+
+def pools_bucket(prefix: str) -> str:
+    return f"{prefix}-pools"
+
+
+class KvDemandStore:
+    def __init__(self, kv: KeyValue) -> None:
+        self._kv = kv
+
+    @classmethod
+    async def open(cls, js: JetStreamContext, bucket: str) -> Self:
+        kv = await js.create_key_value(
+            KeyValueConfig(bucket=bucket, history=1, storage=StorageType.FILE)
+        )
+        return cls(kv)
+
+    async def put(self, demand: Demand) -> None:
+        await self._kv.put(_key(demand.job_id), demand.model_dump_json().encode())
+
+    async def remove(self, job_id: str) -> None:
+        with contextlib.suppress(nats.js.errors.KeyNotFoundError):
+            await self._kv.delete(_key(job_id))
+
+    async def all(self) -> list[Demand]:
+        try:
+            keys = [k for k in await self._kv.keys() if k.startswith(_PREFIX)]
+        except nats.js.errors.NoKeysError:
+            return []
+        demands = []
+        for key in keys:
+            try:
+                entry = await self._kv.get(key)
+            except nats.js.errors.KeyNotFoundError:
+                continue
+            if entry.value:
+                demands.append(Demand.model_validate_json(entry.value))
+        return demands
+
+
+_PREFIX = "demand."
+
+
+def _key(job_id: str) -> str:
+    return f"{_PREFIX}{job_id}"

@@ -1,0 +1,47 @@
+"""`ClusterObserver` on Ray's GCS: the autoscaler's own cluster resource state, which has
+each node's free resources, labels and idle time, read without joining as a driver."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from services.scaler.model import Room
+from services.scaler.ports import ObservedNode
+
+_NODE_LABEL = "spotrain-node"
+_RUNNING, _IDLE = 1, 3  # ray.core.generated.autoscaler_pb2.NodeStatus
+
+
+class RayClusterObserver:
+    def __init__(self, gcs_address: str) -> None:
+        self._gcs_address = gcs_address
+        self._client: Any = None
+
+    async def nodes(self) -> dict[str, ObservedNode]:
+        return await asyncio.to_thread(self._nodes)
+
+    def _nodes(self) -> dict[str, ObservedNode]:
+        # Imported here: Ray is slow to import, and only this adapter needs it.
+        from ray._raylet import GcsClient  # type: ignore[attr-defined]  # noqa: PLC0415
+        from ray.autoscaler.v2.sdk import get_cluster_resource_state  # noqa: PLC0415
+
+        if self._client is None:
+            self._client = GcsClient(address=self._gcs_address)
+        state = get_cluster_resource_state(self._client)
+        observed = {}
+        for node in state.node_states:
+            name = node.labels.get(_NODE_LABEL)
+            if not name or node.status not in (_RUNNING, _IDLE):
+                continue
+            free = dict(node.available_resources)
+            observed[name] = ObservedNode(
+                name=name,
+                free=Room(
+                    gpus=int(free.get("GPU", 0)),
+                    cpus=max(0.0, free.get("CPU", 0.0)),
+                    memory_gb=max(0.0, free.get("memory", 0.0)) / 1024**3,
+                ),
+                idle_s=node.idle_duration_ms / 1000,
+            )
+        return observed

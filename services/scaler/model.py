@@ -1,0 +1,117 @@
+"""The scaler's value types: pools, the nodes it sees, pending demand, and its plan."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated
+
+from pydantic import AwareDatetime, Field
+
+from shared.events.types import Bundle, CapacityClass, Frozen, Name
+
+
+class Room(Frozen):
+    """Free resources on a node; unlike a job's bundle, any of them may be zero."""
+
+    gpus: Annotated[int, Field(ge=0)] = 0
+    cpus: Annotated[float, Field(ge=0)] = 0.0
+    memory_gb: Annotated[float, Field(ge=0)] = 0.0
+    gpu_type: Name | None = None
+
+
+class PoolSpec(Frozen):
+    """A node shape with a capacity class, a price and size limits."""
+
+    name: Name
+    capacity: CapacityClass
+    gpus: Annotated[int, Field(ge=0, le=16)]
+    cpus: Annotated[float, Field(gt=0)]
+    memory_gb: Annotated[float, Field(ge=0)] = 0.0
+    gpu_type: Name | None = None
+    price_per_hour_usd: Annotated[float, Field(ge=0)]
+    boot_time_s: Annotated[float, Field(ge=0)] = 60.0
+    min_nodes: Annotated[int, Field(ge=0)] = 0
+    max_nodes: Annotated[int, Field(ge=0)] = 10
+
+    @property
+    def shape(self) -> Room:
+        return Room(
+            gpus=self.gpus, cpus=self.cpus, memory_gb=self.memory_gb, gpu_type=self.gpu_type
+        )
+
+
+class NodeView(Frozen):
+    """One node as the scaler sees it: launched by a provider, maybe already in Ray."""
+
+    name: Name
+    pool: Name
+    ready: bool
+    """In the Ray cluster; a booting node is counted but not yet usable."""
+    free: Room
+    idle_s: Annotated[float, Field(ge=0)] = 0.0
+    age_s: Annotated[float, Field(ge=0)] = 3600.0
+    """Time since the provider launched it."""
+
+
+class Demand(Frozen):
+    """One queued attempt's exact shape: all of its bundles are placed, or none."""
+
+    job_id: str
+    attempt: int
+    bundles: tuple[Bundle, ...]
+    capacity: CapacityClass
+    priority: int = 5
+    queued_at: AwareDatetime
+
+
+class ScalerConfig(Frozen):
+    budget_per_hour_usd: Annotated[float, Field(ge=0)] = 50.0
+    idle_timeout_s: Annotated[float, Field(ge=0)] = 300.0
+    any_fallback_after_s: Annotated[float, Field(ge=0)] = 600.0
+    """An `any` job waiting this long for spot capacity may take on-demand nodes."""
+    max_launch_per_pool: Annotated[int, Field(ge=1)] = 20
+    """The most nodes one decision adds to one pool (the scale-up rate)."""
+    settle_s: Annotated[float, Field(ge=0)] = 20.0
+    """After a launch, a pool adds no node for this long: work placed on the new nodes is
+    still pending in the demand until its job reports started, and must not count twice."""
+
+
+class Reason(StrEnum):
+    PENDING_DEMAND = "pending-demand"
+    IDLE = "idle"
+    BELOW_MIN = "below-min"
+    STEADY = "steady"
+
+
+class BlockedReason(StrEnum):
+    NO_POOL_FITS = "no-pool-fits"
+    POOL_AT_MAX = "pool-at-max"
+    OVER_BUDGET = "over-budget"
+    SETTLING = "settling"
+
+
+class PoolPlan(Frozen):
+    pool: Name
+    current: int
+    target: int
+    reason: Reason
+
+
+class Blocked(Frozen):
+    job_id: str
+    attempt: int
+    reason: BlockedReason
+    detail: str
+    pool: Name | None = None
+    """The pool that would have grown, when one could have."""
+
+
+class ScalePlan(Frozen):
+    """The decision: a target per pool, which idle nodes to release, and what is blocked."""
+
+    pools: tuple[PoolPlan, ...]
+    release: tuple[Name, ...] = ()
+    blocked: tuple[Blocked, ...] = ()
+
+    def target(self, pool: str) -> int:
+        return next(p.target for p in self.pools if p.pool == pool)

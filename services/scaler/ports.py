@@ -1,0 +1,63 @@
+"""What the scaler needs from the world, each with the semantics it relies on."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from pydantic import AwareDatetime
+
+from services.scaler.model import Demand, PoolSpec, Room
+from shared.events.types import Frozen
+
+
+class ProvidedNode(Frozen):
+    """A node a provider launched and has not released, whether or not it joined Ray."""
+
+    name: str
+    pool: str
+    launched_at: AwareDatetime
+
+
+class ObservedNode(Frozen):
+    """A live node as Ray sees it."""
+
+    name: str
+    free: Room
+    idle_s: float
+
+
+class PoolProvider(Protocol):
+    """Starts and stops the nodes of pools (local `ray start` processes, GKE node pools).
+
+    Eventually consistent: a launched node shows in `nodes()` at once but joins Ray only
+    after its boot time. Not idempotent by itself: the scaler decides counts from a fresh
+    `nodes()` every time, so a repeated decision sees the nodes the last one launched.
+    """
+
+    async def nodes(self) -> list[ProvidedNode]: ...
+
+    async def launch(self, pool: PoolSpec, count: int) -> list[str]:
+        """Start `count` nodes of the pool; returns their names."""
+        ...
+
+    async def release(self, node: str) -> None:
+        """Stop one node; a no-op for a node already gone."""
+        ...
+
+
+class ClusterObserver(Protocol):
+    """Ray's own view of its nodes: free resources and how long each has been idle."""
+
+    async def nodes(self) -> dict[str, ObservedNode]:
+        """Live nodes by spotrain node name; nodes spotrain did not start are left out."""
+        ...
+
+
+class DemandStore(Protocol):
+    """Pending demand, in a bucket the scaler alone writes, so a restart loses none."""
+
+    async def put(self, demand: Demand) -> None: ...
+
+    async def remove(self, job_id: str) -> None: ...
+
+    async def all(self) -> list[Demand]: ...

@@ -1,0 +1,63 @@
+"""Fakes of the scaler's ports: a provider whose nodes join a fake Ray at once."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from services.scaler.model import Demand, PoolSpec
+from services.scaler.ports import ObservedNode, ProvidedNode
+from tests.fakes.clock import FixedClock
+
+
+class FakeCluster:
+    """A provider and Ray's view in one: launched nodes are observed, idle and empty."""
+
+    def __init__(self, clock: FixedClock) -> None:
+        self._clock = clock
+        self.launched: dict[str, tuple[PoolSpec, datetime]] = {}
+        self.idle_s: dict[str, float] = {}
+        self.released: list[str] = []
+
+    async def nodes(self) -> list[ProvidedNode]:
+        return [
+            ProvidedNode(name=name, pool=pool.name, launched_at=at)
+            for name, (pool, at) in self.launched.items()
+        ]
+
+    async def launch(self, pool: PoolSpec, count: int) -> list[str]:
+        names = [f"{pool.name}-{len(self.launched) + i + 1}" for i in range(count)]
+        for name in names:
+            self.launched[name] = (pool, self._clock.now())
+        return names
+
+    async def release(self, node: str) -> None:
+        self.launched.pop(node, None)
+        self.released.append(node)
+
+    async def observed(self) -> dict[str, ObservedNode]:
+        return {
+            name: ObservedNode(name=name, free=pool.shape, idle_s=self.idle_s.get(name, 0.0))
+            for name, (pool, _) in self.launched.items()
+        }
+
+
+class FakeObserver:
+    def __init__(self, cluster: FakeCluster) -> None:
+        self._cluster = cluster
+
+    async def nodes(self) -> dict[str, ObservedNode]:
+        return await self._cluster.observed()
+
+
+class InMemoryDemandStore:
+    def __init__(self) -> None:
+        self.demands: dict[str, Demand] = {}
+
+    async def put(self, demand: Demand) -> None:
+        self.demands[demand.job_id] = demand
+
+    async def remove(self, job_id: str) -> None:
+        self.demands.pop(job_id, None)
+
+    async def all(self) -> list[Demand]:
+        return list(self.demands.values())

@@ -1,0 +1,125 @@
+"""The scaler on the local stack with real Ray: a pool grows by exactly what queued demand
+needs, shrinks when its nodes are idle, and holds demand that would break the budget."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+
+from shared.events import decode, new_event
+from shared.events.data import JobCancelRequested
+from shared.events.types import Bundle, CapacityClass
+from shared.localstack import stack
+from shared.localstack.ports import free_port, free_port_below, free_port_block
+from shared.localstack.settings import LocalStackSettings
+from shared.messaging import BusSettings
+from shared.messaging.jetstream import JetStreamBus
+from tests.async_helpers import eventually
+from tests.events import NOW, job_requested
+
+pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(300)]
+
+IDLE_TIMEOUT_S = 4
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStackSettings]:
+    settings = LocalStackSettings(
+        home=tmp_path_factory.mktemp("stack"),
+        nats_port=free_port(),
+        nats_monitor_port=free_port(),
+        ray_gcs_port=free_port_below(10_000),
+        ray_dashboard_port=free_port_below(10_000),
+        ray_client_port=free_port_below(10_000),
+        ray_head_port_base=free_port_block(64),
+        service_port_base=free_port(),
+    )
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("SPOTRAIN_SCALER_IDLE_TIMEOUT_S", str(IDLE_TIMEOUT_S))
+        # Two gpu-spot nodes ($0.34/h each) fit the budget; three do not.
+        env.setenv("SPOTRAIN_SCALER_BUDGET_PER_HOUR_USD", "0.8")
+        stack.up(settings)
+    try:
+        yield settings
+    finally:
+        stack.down(settings)
+
+
+@pytest.fixture
+async def bus(cluster: LocalStackSettings) -> AsyncIterator[JetStreamBus]:
+    bus = await JetStreamBus.connect(BusSettings(nats_url=cluster.nats_url), name="test")
+    yield bus
+    await bus.close()
+
+
+def nodes(cluster: LocalStackSettings) -> list[str]:
+    return sorted(path.stem for path in cluster.node_dir.glob("*.json"))
+
+
+async def events(bus: JetStreamBus, kind: str) -> list[Any]:
+    return [decode(m.data).data for m in await bus.read(f"{bus.prefix}.{kind}")]
+
+
+async def test_a_two_gpu_job_adds_exactly_one_node_which_goes_when_idle(
+    cluster: LocalStackSettings, bus: JetStreamBus
+) -> None:
+    assert nodes(cluster) == []
+    script = "import time; time.sleep(3); print('trained')"
+    request = job_requested(
+        "job-two-gpus",
+        entrypoint=("python", "-c", script),
+        worker=Bundle(gpus=2, cpus=1),
+        capacity=CapacityClass.SPOT,
+    )
+    await bus.publish(request)
+
+    async def succeeded() -> bool:
+        return any(
+            getattr(e, "job_id", None) == "job-two-gpus" for e in await events(bus, "job.succeeded")
+        )
+
+    peak: set[str] = set()
+
+    async def done_while_counting() -> bool:
+        peak.update(nodes(cluster))
+        return await succeeded()
+
+    await eventually(done_while_counting, timeout_s=90, interval_s=0.25)
+    assert peak == {"gpu-spot-1"}, "exactly one node of the spot pool"
+    resized = [e for e in await events(bus, "pool.resized") if e.pool == "gpu-spot"]
+    assert [e.size for e in resized][:1] == [1]
+
+    started = time.monotonic()
+    await eventually(lambda: nodes(cluster) == [], timeout_s=IDLE_TIMEOUT_S + 30, interval_s=0.5)
+    assert time.monotonic() - started >= IDLE_TIMEOUT_S - 1, "not released before the timeout"
+    assert [e.size for e in await events(bus, "pool.resized") if e.pool == "gpu-spot"][-1] == 0
+
+
+async def test_a_job_over_the_budget_is_held_with_the_reason(
+    cluster: LocalStackSettings, bus: JetStreamBus
+) -> None:
+    request = job_requested(
+        "job-too-dear",
+        entrypoint=("python", "-c", "print(1)"),
+        worker=Bundle(gpus=2, cpus=1),
+        num_workers=3,
+        capacity=CapacityClass.SPOT,
+    )
+    await bus.publish(request)
+
+    async def held() -> bool:
+        return any(
+            "job-too-dear: over-budget" in e.message
+            for e in await events(bus, "pool.resize_failed")
+        )
+
+    await eventually(held, timeout_s=30, interval_s=0.25)
+    assert nodes(cluster) == [], "a job that cannot be placed whole takes nothing"
+    [failure] = [e for e in await events(bus, "pool.resize_failed") if "job-too-dear" in e.message]
+    assert "over the budget of $0.80/h" in failure.message
+    await bus.publish(
+        new_event(JobCancelRequested(job_id="job-too-dear", requested_by="t"), source="t", time=NOW)
+    )

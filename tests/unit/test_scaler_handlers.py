@@ -1,0 +1,100 @@
+"""The scaler's handlers and reconcile loop through fakes of its ports."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from services.scaler.handlers import Deps, on_job_queued, on_job_settled, reconcile
+from services.scaler.model import PoolSpec, ScalerConfig
+from shared.events import decode, new_event
+from shared.events.data import JobQueued, JobStarted
+from shared.events.types import Bundle, CapacityClass
+from shared.messaging.memory import InMemoryBus
+from tests.events import NOW
+from tests.fakes.clock import FixedClock
+from tests.fakes.scaler import FakeCluster, FakeObserver, InMemoryDemandStore
+
+SPOT = PoolSpec(
+    name="gpu-spot", capacity=CapacityClass.SPOT, gpus=2, cpus=4, price_per_hour_usd=1.0
+)
+
+
+@pytest.fixture
+def clock() -> FixedClock:
+    return FixedClock(NOW)
+
+
+@pytest.fixture
+def cluster(clock: FixedClock) -> FakeCluster:
+    return FakeCluster(clock)
+
+
+@pytest.fixture
+def deps(clock: FixedClock, cluster: FakeCluster) -> Deps:
+    return Deps(
+        bus=InMemoryBus(),
+        clock=clock,
+        pools=(SPOT,),
+        config=ScalerConfig(budget_per_hour_usd=2.5, idle_timeout_s=60, settle_s=0),
+        provider=cluster,
+        observer=FakeObserver(cluster),
+        demand=InMemoryDemandStore(),
+    )
+
+
+def queued(job_id: str, gpus: int = 2, workers: int = 1) -> Any:
+    data = JobQueued(
+        job_id=job_id,
+        attempt=1,
+        bundles=(Bundle(gpus=gpus),) * workers,
+        capacity=CapacityClass.SPOT,
+        priority=5,
+    )
+    return new_event(data, source="submitter", time=NOW)
+
+
+def published(deps: Deps) -> list[tuple[str, Any]]:
+    assert isinstance(deps.bus, InMemoryBus)
+    return [(decode(m.data).type, decode(m.data).data) for m in deps.bus.messages]
+
+
+async def test_a_queued_job_grows_its_pool_by_one_node_and_only_once(
+    deps: Deps, cluster: FakeCluster
+) -> None:
+    await on_job_queued(queued("job-1"), deps)
+    await reconcile(deps)
+    await reconcile(deps)  # the node is booting: nothing more to launch
+    assert list(cluster.launched) == ["gpu-spot-1"]
+    kinds = [kind for kind, _ in published(deps)]
+    assert kinds == ["spotrain.pool.resize_requested.v1", "spotrain.pool.resized.v1"]
+
+
+async def test_an_idle_node_goes_after_the_timeout_once_its_job_started(
+    deps: Deps, cluster: FakeCluster, clock: FixedClock
+) -> None:
+    await on_job_queued(queued("job-1"), deps)
+    await reconcile(deps)
+    started = JobStarted(job_id="job-1", attempt=1, submission_id="job-1-1")
+    await on_job_settled(new_event(started, source="submitter", time=NOW), deps)
+    cluster.idle_s["gpu-spot-1"] = 30
+    await reconcile(deps)
+    assert cluster.released == []
+    cluster.idle_s["gpu-spot-1"] = 61
+    clock.advance(timedelta(minutes=2))
+    await reconcile(deps)
+    assert cluster.released == ["gpu-spot-1"]
+
+
+async def test_demand_over_the_budget_is_held_and_said_once(
+    deps: Deps, cluster: FakeCluster
+) -> None:
+    await on_job_queued(queued("job-big", workers=3), deps)
+    await reconcile(deps)
+    await reconcile(deps)
+    assert cluster.launched == {}
+    failures = [data for kind, data in published(deps) if kind.endswith("resize_failed.v1")]
+    assert len(failures) == 1
+    assert failures[0].message.startswith("job-big: over-budget: 3 more gpu-spot node(s)")

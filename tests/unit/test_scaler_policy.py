@@ -1,0 +1,203 @@
+"""The scaling policy: just enough nodes of the cheapest allowed pool, never past a limit."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from services.scaler.model import (
+    BlockedReason,
+    Demand,
+    NodeView,
+    PoolSpec,
+    Reason,
+    ScalerConfig,
+)
+from services.scaler.policy import plan
+from shared.events.types import Bundle, CapacityClass
+
+NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+SPOT = PoolSpec(
+    name="gpu-spot",
+    capacity=CapacityClass.SPOT,
+    gpus=2,
+    cpus=8,
+    price_per_hour_usd=1.0,
+    max_nodes=4,
+)
+ON_DEMAND = PoolSpec(
+    name="gpu-od",
+    capacity=CapacityClass.ON_DEMAND,
+    gpus=2,
+    cpus=8,
+    price_per_hour_usd=3.0,
+    max_nodes=4,
+)
+CPU = PoolSpec(
+    name="cpu",
+    capacity=CapacityClass.ON_DEMAND,
+    gpus=0,
+    cpus=4,
+    price_per_hour_usd=0.2,
+    max_nodes=4,
+)
+POOLS = (SPOT, ON_DEMAND, CPU)
+CONFIG = ScalerConfig(budget_per_hour_usd=100, idle_timeout_s=60, any_fallback_after_s=300)
+
+
+def demand(
+    job: str = "job-1",
+    *,
+    gpus: int = 2,
+    workers: int = 1,
+    capacity: CapacityClass = CapacityClass.SPOT,
+    waited_s: float = 0,
+    cpus: float = 1,
+) -> Demand:
+    return Demand(
+        job_id=job,
+        attempt=1,
+        bundles=(Bundle(gpus=gpus, cpus=cpus),) * workers,
+        capacity=capacity,
+        queued_at=NOW - timedelta(seconds=waited_s),
+    )
+
+
+def node(name: str, pool: PoolSpec, *, free_gpus: int | None = None, idle_s: float = 0) -> NodeView:
+    free = pool.shape if free_gpus is None else pool.shape.model_copy(update={"gpus": free_gpus})
+    return NodeView(name=name, pool=pool.name, ready=True, free=free, idle_s=idle_s)
+
+
+def targets(
+    nodes: list[NodeView], demands: list[Demand], config: ScalerConfig = CONFIG
+) -> dict[str, int]:
+    decided = plan(POOLS, nodes, demands, config, NOW)
+    return {p.pool: p.target for p in decided.pools}
+
+
+def sizes(spot: int, on_demand: int = 0, cpu: int = 0) -> dict[str, int]:
+    return {"gpu-spot": spot, "gpu-od": on_demand, "cpu": cpu}
+
+
+OD, ANY = CapacityClass.ON_DEMAND, CapacityClass.ANY
+IDLE = node("s1", SPOT, idle_s=120)
+
+
+@pytest.mark.parametrize(
+    ("nodes", "demands", "expected"),
+    [
+        pytest.param([], [demand(gpus=2)], sizes(1), id="two-gpus-one-node"),
+        pytest.param([], [demand(gpus=2, workers=3)], sizes(3), id="gang-of-three"),
+        pytest.param([], [demand(gpus=1), demand("j2", gpus=1)], sizes(1), id="jobs-share-node"),
+        pytest.param([node("s1", SPOT)], [demand(gpus=2)], sizes(1), id="free-room-first"),
+        pytest.param([], [demand(capacity=OD)], sizes(0, 1), id="on-demand-job"),
+        pytest.param([], [demand(capacity=ANY)], sizes(1), id="any-prefers-spot"),
+        pytest.param([], [demand(gpus=0, cpus=2, capacity=OD)], sizes(0, 0, 1), id="cpu-job"),
+        pytest.param([IDLE], [], sizes(0), id="idle-node-released"),
+        pytest.param([node("s1", SPOT, idle_s=30)], [], sizes(1), id="settling-idle-holds"),
+        pytest.param([IDLE], [demand(gpus=2)], sizes(1), id="idle-node-kept-for-demand"),
+        pytest.param([node("s1", SPOT, free_gpus=0)], [], sizes(1), id="busy-node-kept"),
+    ],
+)
+def test_just_enough_nodes(
+    nodes: list[NodeView], demands: list[Demand], expected: dict[str, int]
+) -> None:
+    assert targets(nodes, demands) == expected
+
+
+def test_a_spot_job_never_lands_on_on_demand_room() -> None:
+    assert targets([node("o1", ON_DEMAND)], [demand(gpus=2)])["gpu-spot"] == 1
+
+
+def test_an_any_job_falls_back_to_on_demand_when_spot_is_full() -> None:
+    full = [node(f"s{i}", SPOT, free_gpus=0) for i in range(4)]
+    waiting = demand(capacity=CapacityClass.ANY, waited_s=600)
+    assert targets(full, [waiting]) == {"gpu-spot": 4, "gpu-od": 1, "cpu": 0}
+    fresh = demand(capacity=CapacityClass.ANY, waited_s=10)
+    decided = plan(POOLS, full, [fresh], CONFIG, NOW)
+    assert [b.reason for b in decided.blocked] == [BlockedReason.POOL_AT_MAX]
+
+
+def test_a_job_over_the_budget_is_blocked_and_takes_nothing() -> None:
+    config = CONFIG.model_copy(update={"budget_per_hour_usd": 2.5})
+    decided = plan(POOLS, [], [demand(gpus=2, workers=3)], config, NOW)
+    assert decided.target("gpu-spot") == 0
+    [blocked] = decided.blocked
+    assert blocked.reason is BlockedReason.OVER_BUDGET
+    assert blocked.detail == (
+        "3 more gpu-spot node(s) would cost $3.00/h in all, over the budget of $2.50/h"
+    )
+
+
+def test_a_bundle_bigger_than_every_node_is_blocked() -> None:
+    decided = plan(POOLS, [], [demand(gpus=4)], CONFIG, NOW)
+    assert decided.blocked[0].reason is BlockedReason.NO_POOL_FITS
+
+
+def test_pools_are_kept_at_their_minimum() -> None:
+    warm = SPOT.model_copy(update={"min_nodes": 1})
+    decided = plan((warm,), [], [], CONFIG, NOW)
+    assert decided.pools[0].target == 1
+    assert decided.pools[0].reason is Reason.BELOW_MIN
+
+
+bundles = st.builds(Bundle, gpus=st.integers(0, 2), cpus=st.sampled_from([0.5, 1.0, 2.0]))
+demands = st.lists(
+    st.builds(
+        Demand,
+        job_id=st.uuids().map(str),
+        attempt=st.just(1),
+        bundles=st.lists(bundles, min_size=1, max_size=4).map(tuple),
+        capacity=st.sampled_from(CapacityClass),
+        priority=st.integers(0, 9),
+        queued_at=st.just(NOW) | st.just(NOW - timedelta(hours=1)),
+    ),
+    max_size=12,
+)
+budgets = st.floats(0, 20)
+
+
+@settings(max_examples=200, deadline=None)
+@given(demands=demands, budget=budgets, busy=st.integers(0, 4))
+def test_never_above_max_or_budget_and_every_new_node_hosts_demand(
+    demands: list[Demand], budget: float, busy: int
+) -> None:
+    config = CONFIG.model_copy(update={"budget_per_hour_usd": budget})
+    nodes = [node(f"s{i}", SPOT, free_gpus=0) for i in range(busy)]
+    decided = plan(POOLS, nodes, demands, config, NOW)
+    by_name = {p.name: p for p in POOLS}
+    existing_cost = busy * SPOT.price_per_hour_usd
+    total_cost = sum(by_name[p.pool].price_per_hour_usd * p.target for p in decided.pools)
+    for pool_plan in decided.pools:
+        assert pool_plan.target <= by_name[pool_plan.pool].max_nodes
+    # Never over the budget, unless the nodes already running were over it on their own.
+    assert total_cost <= max(budget, existing_cost) + 1e-6
+    # Every launched node hosts at least one bundle: fewer bundles, fewer nodes.
+    launched = sum(p.target - p.current for p in decided.pools if p.target > p.current)
+    placed = sum(
+        len(d.bundles) for d in demands if d.job_id not in {b.job_id for b in decided.blocked}
+    )
+    assert launched <= placed
+
+
+@settings(max_examples=100, deadline=None)
+@given(demands=demands)
+def test_with_room_to_grow_nothing_is_starved(demands: list[Demand]) -> None:
+    """Under a generous budget and limits, every job that fits a node shape gets placed."""
+    roomy = tuple(p.model_copy(update={"max_nodes": 100}) for p in POOLS)
+    config = CONFIG.model_copy(update={"budget_per_hour_usd": 10_000, "max_launch_per_pool": 100})
+    decided = plan(roomy, [], demands, config, NOW)
+    assert decided.blocked == ()
+
+
+def test_a_pool_that_just_launched_holds_while_it_settles() -> None:
+    """Work already placed on a fresh node is still pending until its job reports started."""
+    fresh = node("s1", SPOT, free_gpus=0).model_copy(update={"age_s": 5})
+    decided = plan(POOLS, [fresh], [demand(gpus=2)], CONFIG, NOW)
+    assert decided.target("gpu-spot") == 1
+    assert [b.reason for b in decided.blocked] == [BlockedReason.SETTLING]
+    settled = fresh.model_copy(update={"age_s": 60})
+    assert plan(POOLS, [settled], [demand(gpus=2)], CONFIG, NOW).target("gpu-spot") == 2
