@@ -4,6 +4,7 @@ reason. No I/O, no clock (`now` is an argument), no ids."""
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -25,26 +26,6 @@ from shared.events.types import Bundle, CapacityClass
 _EPSILON = 1e-9
 
 
-def fits(bundle: Bundle, free: Room) -> bool:
-    if bundle.gpu_type is not None and bundle.gpus > 0 and bundle.gpu_type != free.gpu_type:
-        return False
-    return (
-        bundle.gpus <= free.gpus
-        and bundle.cpus <= free.cpus + _EPSILON
-        and bundle.memory_gb <= free.memory_gb + _EPSILON
-    )
-
-
-def take(free: Room, bundle: Bundle) -> Room:
-    return free.model_copy(
-        update={
-            "gpus": free.gpus - bundle.gpus,
-            "cpus": max(0.0, free.cpus - bundle.cpus),
-            "memory_gb": max(0.0, free.memory_gb - bundle.memory_gb),
-        }
-    )
-
-
 def eligible_pools(
     demand: Demand, pools: Sequence[PoolSpec], config: ScalerConfig, now: datetime
 ) -> list[PoolSpec]:
@@ -63,19 +44,79 @@ def eligible_pools(
     )
 
 
-@dataclass
+@dataclass(eq=False)
 class _Slot:
     """Free room on a node, existing or planned, while demand is being packed."""
 
     pool: str
-    free: Room
+    gpus: int
+    cpus: float
+    memory_gb: float
+    gpu_type: str | None
     new: bool
     used: bool = False
+
+    @classmethod
+    def of(cls, pool: str, room: Room, *, new: bool) -> _Slot:
+        return cls(pool, room.gpus, room.cpus, room.memory_gb, room.gpu_type, new)
+
+    def holds(self, bundle: Bundle) -> bool:
+        if bundle.gpus > 0 and bundle.gpu_type is not None and bundle.gpu_type != self.gpu_type:
+            return False
+        return (
+            bundle.gpus <= self.gpus
+            and bundle.cpus <= self.cpus + _EPSILON
+            and bundle.memory_gb <= self.memory_gb + _EPSILON
+        )
+
+
+class _FreeRoom:
+    """Free room by pool and by free GPUs, so that placing a bundle does not scan every
+    node: a decision for ten thousand jobs on a thousand nodes stays well under a second."""
+
+    def __init__(self) -> None:
+        self._by_pool: dict[str, dict[int, dict[int, _Slot]]] = {}
+        self._gpu_counts: dict[str, list[int]] = {}
+        """Per pool, the free-GPU counts that have a bucket, ascending."""
+
+    def add(self, slot: _Slot) -> None:
+        if slot.gpus <= 0 and slot.cpus <= _EPSILON:
+            return  # a full node has no room to offer
+        buckets = self._by_pool.setdefault(slot.pool, {})
+        if slot.gpus not in buckets:
+            buckets[slot.gpus] = {}
+            bisect.insort(self._gpu_counts.setdefault(slot.pool, []), slot.gpus)
+        buckets[slot.gpus][id(slot)] = slot
+
+    def remove(self, slot: _Slot) -> None:
+        self._by_pool.get(slot.pool, {}).get(slot.gpus, {}).pop(id(slot), None)
+
+    def find(self, bundle: Bundle, pools: Sequence[str]) -> _Slot | None:
+        """The first slot that holds the bundle, tightest GPU fit first."""
+        for pool in pools:
+            counts = self._gpu_counts.get(pool)
+            if not counts:
+                continue
+            buckets = self._by_pool[pool]
+            for gpus in counts[bisect.bisect_left(counts, bundle.gpus) :]:
+                for slot in buckets[gpus].values():
+                    if slot.holds(bundle):
+                        return slot
+        return None
+
+    def take(self, slot: _Slot, bundle: Bundle, sign: int = 1) -> None:
+        """Take the bundle's resources from the slot (or give them back, with sign=-1)."""
+        self.remove(slot)
+        slot.gpus -= sign * bundle.gpus
+        slot.cpus -= sign * bundle.cpus
+        slot.memory_gb -= sign * bundle.memory_gb
+        self.add(slot)
 
 
 @dataclass
 class _Packing:
-    slots: list[_Slot]
+    room: _FreeRoom
+    shapes: dict[str, Room]
     launches: dict[str, int] = field(default_factory=dict)
     cost_per_hour_usd: float = 0.0
 
@@ -96,15 +137,26 @@ def plan(
     """
     by_name = {p.name: p for p in pools}
     known = [n for n in nodes if n.pool in by_name]
+    slots = [_Slot.of(n.pool, n.free, new=False) for n in known]
     packing = _Packing(
-        slots=[_Slot(pool=n.pool, free=n.free, new=False) for n in known],
+        room=_FreeRoom(),
+        shapes={p.name: p.shape for p in pools},
         cost_per_hour_usd=sum(by_name[n.pool].price_per_hour_usd for n in known),
     )
+    for slot in slots:
+        packing.room.add(slot)
     sizes = {p.name: sum(1 for n in known if n.pool == p.name) for p in pools}
     settling = {n.pool for n in known if n.age_s < config.settle_s}
     blocked: list[Blocked] = []
+    # Which pools a job may grow depends only on its class and whether it waited past the
+    # fallback: computed once per pair, not once per job.
+    eligible: dict[tuple[CapacityClass, bool], list[PoolSpec]] = {}
     for demand in sorted(demands, key=lambda d: (-d.priority, d.queued_at, d.job_id)):
-        candidates = eligible_pools(demand, pools, config, now)
+        waited = (now - demand.queued_at).total_seconds() >= config.any_fallback_after_s
+        key = (demand.capacity, waited)
+        if key not in eligible:
+            eligible[key] = eligible_pools(demand, pools, config, now)
+        candidates = eligible[key]
         outcome = _place(
             demand,
             candidates=candidates,
@@ -116,7 +168,7 @@ def plan(
         if outcome is not None:
             blocked.append(outcome)
 
-    release = _idle_nodes(known, packing.slots[: len(known)], by_name, sizes, config)
+    release = _idle_nodes(known, slots, by_name, sizes, config)
     plans = []
     for pool in pools:
         current = sizes[pool.name]
@@ -140,7 +192,6 @@ def _place(
     config: ScalerConfig,
 ) -> Blocked | None:
     """Place all of a demand's bundles, or none; say why when none."""
-    allowed = {p.name for p in candidates}
     if not candidates:
         return Blocked(
             job_id=demand.job_id,
@@ -148,83 +199,92 @@ def _place(
             reason=BlockedReason.NO_POOL_FITS,
             detail=f"no {demand.capacity.value} pool is configured",
         )
+    allowed = [p.name for p in candidates]
     # Largest bundles first: the classic first-fit-decreasing order packs tightest.
     bundles = sorted(demand.bundles, key=lambda b: (b.gpus, b.cpus, b.memory_gb), reverse=True)
-    existing = _fit_all(bundles, [s for s in packing.slots if s.pool in allowed])
-    if existing is not None:
-        _commit(packing, existing)
+    trial = _Trial(packing.room)
+    if trial.fit(bundles, allowed, grow=None):
+        trial.commit()
         return None
     why = BlockedReason.NO_POOL_FITS
     detail = "no allowed pool has a node shape that holds its bundles"
     would_grow: str | None = None
     for pool in candidates:
-        if not all(fits(b, pool.shape) for b in bundles):
+        empty_node = _Slot.of(pool.name, packing.shapes[pool.name], new=True)
+        if not all(empty_node.holds(b) for b in bundles):
             continue
-        trial_new: list[_Slot] = []
-        placement = _fit_all(
-            bundles, [s for s in packing.slots if s.pool in allowed], grow=(pool, trial_new)
-        )
-        if placement is None:
+        trial = _Trial(packing.room)
+        if not trial.fit(bundles, allowed, grow=(pool.name, packing.shapes[pool.name])):
+            trial.undo()
             continue
-        count = len(trial_new)
+        count = len(trial.new_slots)
+        launched = packing.launches.get(pool.name, 0)
+        cost = packing.cost_per_hour_usd + count * pool.price_per_hour_usd
         if pool.name in settling:
             why, would_grow = BlockedReason.SETTLING, pool.name
             detail = f"{pool.name} launched a node less than {config.settle_s:.0f}s ago"
-            continue
-        planned = sizes[pool.name] + packing.launches.get(pool.name, 0) + count
-        if (
-            planned > pool.max_nodes
-            or packing.launches.get(pool.name, 0) + count > config.max_launch_per_pool
+        elif (
+            sizes[pool.name] + launched + count > pool.max_nodes
+            or launched + count > config.max_launch_per_pool
         ):
             why, would_grow = BlockedReason.POOL_AT_MAX, pool.name
-            detail = f"{pool.name} would need {planned} nodes; its maximum is {pool.max_nodes}"
-            continue
-        cost = packing.cost_per_hour_usd + count * pool.price_per_hour_usd
-        if cost > config.budget_per_hour_usd + _EPSILON:
+            detail = (
+                f"{pool.name} would need {sizes[pool.name] + launched + count} nodes; "
+                f"its maximum is {pool.max_nodes}"
+            )
+        elif cost > config.budget_per_hour_usd + _EPSILON:
             why, would_grow = BlockedReason.OVER_BUDGET, pool.name
             detail = (
                 f"{count} more {pool.name} node(s) would cost ${cost:.2f}/h in all, "
                 f"over the budget of ${config.budget_per_hour_usd:.2f}/h"
             )
-            continue
-        packing.slots.extend(trial_new)
-        packing.launches[pool.name] = packing.launches.get(pool.name, 0) + count
-        packing.cost_per_hour_usd = cost
-        _commit(packing, placement)
-        return None
+        else:
+            packing.launches[pool.name] = launched + count
+            packing.cost_per_hour_usd = cost
+            trial.commit()
+            return None
+        trial.undo()
     return Blocked(
         job_id=demand.job_id, attempt=demand.attempt, reason=why, detail=detail, pool=would_grow
     )
 
 
-def _fit_all(
-    bundles: list[Bundle],
-    slots: list[_Slot],
-    grow: tuple[PoolSpec, list[_Slot]] | None = None,
-) -> list[tuple[_Slot, Bundle]] | None:
-    """First fit over a scratch copy of the room; new nodes of `grow`'s pool when allowed."""
-    room = {id(s): s.free for s in slots}
-    placed: list[tuple[_Slot, Bundle]] = []
-    for bundle in bundles:
-        slot = next(
-            (s for s in [*slots, *(grow[1] if grow else [])] if fits(bundle, room[id(s)])), None
-        )
-        if slot is None and grow is not None:
-            pool, new_slots = grow
-            slot = _Slot(pool=pool.name, free=pool.shape, new=True)
-            new_slots.append(slot)
-            room[id(slot)] = slot.free
-        if slot is None:
-            return None
-        room[id(slot)] = take(room[id(slot)], bundle)
-        placed.append((slot, bundle))
-    return placed
+class _Trial:
+    """A tentative placement of one job's bundles that is committed whole or undone whole."""
 
+    def __init__(self, room: _FreeRoom) -> None:
+        self._room = room
+        self._taken: list[tuple[_Slot, Bundle]] = []
+        self.new_slots: list[_Slot] = []
 
-def _commit(packing: _Packing, placement: list[tuple[_Slot, Bundle]]) -> None:
-    for slot, bundle in placement:
-        slot.free = take(slot.free, bundle)
-        slot.used = True
+    def fit(
+        self, bundles: list[Bundle], pools: Sequence[str], grow: tuple[str, Room] | None
+    ) -> bool:
+        """Place every bundle, opening new nodes of `grow` (a pool and its shape) if given."""
+        for bundle in bundles:
+            slot = self._room.find(bundle, pools)
+            if slot is None and grow is not None:
+                slot = _Slot.of(grow[0], grow[1], new=True)
+                self.new_slots.append(slot)
+                self._room.add(slot)
+            if slot is None:
+                self.undo()
+                return False
+            self._room.take(slot, bundle)
+            self._taken.append((slot, bundle))
+        return True
+
+    def commit(self) -> None:
+        for slot, _ in self._taken:
+            slot.used = True
+
+    def undo(self) -> None:
+        for slot, bundle in reversed(self._taken):
+            self._room.take(slot, bundle, sign=-1)
+        for slot in self.new_slots:
+            self._room.remove(slot)
+        self._taken.clear()
+        self.new_slots.clear()
 
 
 def _idle_nodes(
