@@ -32,6 +32,7 @@ from shared.events.data import (
 from shared.jobs import JobRecord, jobs_bucket
 from shared.messaging import BusSettings
 from shared.messaging.jetstream import BusUnavailableError, JetStreamBus
+from shared.pools import STATUS_KEY, PoolsStatus, pools_bucket
 from shared.workspace import pack, upload
 
 TERMINAL_EVENTS = (JobSucceeded, JobFailed, JobCancelled, JobRejected)
@@ -216,6 +217,15 @@ class SpotrainClient:
         finally:
             with contextlib.suppress(nats.errors.Error):
                 await sub.unsubscribe()
+
+    async def pools(self) -> PoolsStatus | None:
+        """The scaler's latest view of the pools; None before its first pass."""
+        try:
+            kv = await self._bus.client.jetstream().key_value(pools_bucket(self.prefix))
+            entry = await kv.get(STATUS_KEY)
+        except (nats.js.errors.BucketNotFoundError, nats.js.errors.NotFoundError):
+            return None
+        return PoolsStatus.model_validate_json(entry.value) if entry.value else None
 
     async def _jobs_kv(self) -> Any:
         try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from contextlib import AsyncExitStack
 
-from services.scaler.adapters.kv_demand import KvDemandStore, pools_bucket
+from services.scaler.adapters.kv_demand import KvDemandStore
 from services.scaler.adapters.local_ray import LocalPoolProvider
 from services.scaler.adapters.ray_cluster import RayClusterObserver
 from services.scaler.handlers import SERVICE, SUBSCRIPTIONS, Deps, reconcile
@@ -14,6 +14,7 @@ from shared.clock import SystemClock
 from shared.localstack.settings import LocalStackSettings
 from shared.messaging import EventBus, Subscription, bind_routes
 from shared.messaging.jetstream import JetStreamBus
+from shared.pools import pools_bucket
 from shared.runtime import ServiceDefinition, Ticker
 
 
@@ -23,6 +24,7 @@ async def bootstrap(bus: EventBus, stack: AsyncExitStack) -> ServiceDefinition:
         msg = "the scaler keeps its demand in JetStream; it needs the JetStream bus"
         raise TypeError(msg)
     local = LocalStackSettings(home=settings.local_home)
+    bucket = await KvDemandStore.open(bus.client.jetstream(), pools_bucket(bus.prefix))
     deps = Deps(
         bus=bus,
         clock=SystemClock(),
@@ -35,7 +37,8 @@ async def bootstrap(bus: EventBus, stack: AsyncExitStack) -> ServiceDefinition:
             env=os.environ,
         ),
         observer=RayClusterObserver(settings.ray_gcs_address),
-        demand=await KvDemandStore.open(bus.client.jetstream(), pools_bucket(bus.prefix)),
+        demand=bucket,
+        status=bucket,
     )
 
     async def tick() -> None:

@@ -11,7 +11,7 @@ import structlog
 
 from services.scaler import policy
 from services.scaler.model import BlockedReason, Demand, NodeView, PoolSpec, ScalePlan, ScalerConfig
-from services.scaler.ports import ClusterObserver, DemandStore, PoolProvider
+from services.scaler.ports import ClusterObserver, DemandStore, PoolProvider, StatusBoard
 from shared.clock import Clock
 from shared.events import Event, EventData, new_event
 from shared.events.data import (
@@ -40,6 +40,7 @@ class Deps:
     provider: PoolProvider
     observer: ClusterObserver
     demand: DemandStore
+    status: StatusBoard
     reported_blocks: set[tuple[str, int, str]] = field(default_factory=set)
     """Blocked demand already announced, so each is said once per attempt and reason."""
 
@@ -83,7 +84,13 @@ async def reconcile(deps: Deps) -> ScalePlan:
         for n in provided
         if n.pool in by_pool
     ]
-    decided = policy.plan(deps.pools, views, await deps.demand.all(), deps.config, now)
+    demands = await deps.demand.all()
+    decided = policy.plan(deps.pools, views, demands, deps.config, now)
+    await deps.status.publish_status(
+        policy.summarize(
+            deps.pools, nodes=views, demands=demands, decided=decided, config=deps.config, now=now
+        )
+    )
     for pool_plan in decided.pools:
         if pool_plan.target == pool_plan.current:
             continue

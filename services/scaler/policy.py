@@ -22,6 +22,7 @@ from services.scaler.model import (
     ScalerConfig,
 )
 from shared.events.types import Bundle, CapacityClass
+from shared.pools import PoolsStatus, PoolStatus
 
 _EPSILON = 1e-9
 
@@ -304,3 +305,45 @@ def _idle_nodes(
             release.add(node.name)
             remaining[node.pool] -= 1
     return release
+
+
+def summarize(
+    pools: Sequence[PoolSpec],
+    *,
+    nodes: Sequence[NodeView],
+    demands: Sequence[Demand],
+    decided: ScalePlan,
+    config: ScalerConfig,
+    now: datetime,
+) -> PoolsStatus:
+    """What `spotrain pools` shows: each pool's nodes, GPUs, price and the demand it serves."""
+    rows = []
+    for pool in pools:
+        members = [n for n in nodes if n.pool == pool.name]
+        serves = [d for d in demands if pool in eligible_pools(d, pools, config, now)]
+        rows.append(
+            PoolStatus(
+                pool=pool.name,
+                capacity=pool.capacity,
+                price_per_hour_usd=pool.price_per_hour_usd,
+                nodes=len(members),
+                ready=sum(1 for n in members if n.ready),
+                gpus_total=pool.gpus * len(members),
+                gpus_free=sum(n.free.gpus for n in members),
+                pending_jobs=len(serves),
+                pending_gpus=sum(b.gpus for d in serves for b in d.bundles),
+                target=decided.target(pool.name),
+                min_nodes=pool.min_nodes,
+                max_nodes=pool.max_nodes,
+            )
+        )
+    by_name = {p.name: p for p in pools}
+    return PoolsStatus(
+        updated_at=now,
+        budget_per_hour_usd=config.budget_per_hour_usd,
+        cost_per_hour_usd=sum(
+            by_name[n.pool].price_per_hour_usd for n in nodes if n.pool in by_name
+        ),
+        pools=tuple(rows),
+        blocked_jobs=len(decided.blocked),
+    )

@@ -8,6 +8,7 @@ from pydantic import AwareDatetime
 
 from services.scaler.model import Demand, PoolSpec, Room
 from shared.events.types import Frozen
+from shared.pools import PoolsStatus
 
 
 class ProvidedNode(Frozen):
@@ -61,3 +62,9 @@ class DemandStore(Protocol):
     async def remove(self, job_id: str) -> None: ...
 
     async def all(self) -> list[Demand]: ...
+
+
+class StatusBoard(Protocol):
+    """Where the scaler posts the pools' status for clients; last write wins."""
+
+    async def publish_status(self, status: PoolsStatus) -> None: ...

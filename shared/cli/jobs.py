@@ -39,6 +39,7 @@ def register_job_commands(app: typer.Typer) -> None:
     app.command()(logs)
     app.command()(watch)
     app.command()(cancel)
+    app.command()(pools)
 
 
 def submit(  # noqa: PLR0917  # a typer command: its options are its parameters
@@ -203,6 +204,35 @@ def cancel(job_id: str) -> None:
     """Stop a job; its running attempt is stopped in Ray."""
     _run(lambda: _with_client(lambda c: c.cancel(job_id, current_user())))
     out.print(f"cancel requested for {job_id}")
+
+
+def pools() -> None:
+    """Each pool: nodes, busy and free GPUs, price, and the pending demand it can serve."""
+    status = _run(lambda: _with_client(lambda c: c.pools()))
+    if status is None:
+        raise CliError("the scaler has not reported yet; is it running? (spotrain status)")
+    table = Table(
+        "pool", "capacity", "nodes", "ready", "GPUs busy/total", "$/h per node",
+        "pending jobs", "pending GPUs", "target", "min-max",
+    )  # fmt: skip
+    for row in status.pools:
+        table.add_row(
+            row.pool,
+            row.capacity.value,
+            str(row.nodes),
+            str(row.ready),
+            f"{row.gpus_total - row.gpus_free}/{row.gpus_total}",
+            f"{row.price_per_hour_usd:.2f}",
+            str(row.pending_jobs),
+            str(row.pending_gpus),
+            str(row.target),
+            f"{row.min_nodes}-{row.max_nodes}",
+        )
+    out.print(table)
+    out.print(
+        f"spending ${status.cost_per_hour_usd:.2f}/h of a ${status.budget_per_hour_usd:.2f}/h "
+        f"budget; {status.blocked_jobs} job(s) held; as of {status.updated_at:%H:%M:%S}"
+    )
 
 
 # --- helpers of the commands above -----------------------------------------------------

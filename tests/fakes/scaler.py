@@ -6,6 +6,7 @@ from datetime import datetime
 
 from services.scaler.model import Demand, PoolSpec
 from services.scaler.ports import ObservedNode, ProvidedNode
+from shared.pools import PoolsStatus
 from tests.fakes.clock import FixedClock
 
 
@@ -61,3 +62,11 @@ class InMemoryDemandStore:
 
     async def all(self) -> list[Demand]:
         return list(self.demands.values())
+
+
+class RecordingStatusBoard:
+    def __init__(self) -> None:
+        self.latest: PoolsStatus | None = None
+
+    async def publish_status(self, status: PoolsStatus) -> None:
+        self.latest = status

@@ -3,6 +3,10 @@ needs, shrinks when its nodes are idle, and holds demand that would break the bu
 
 from __future__ import annotations
 
+import asyncio
+import os
+import subprocess
+import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -120,6 +124,17 @@ async def test_a_job_over_the_budget_is_held_with_the_reason(
     assert nodes(cluster) == [], "a job that cannot be placed whole takes nothing"
     [failure] = [e for e in await events(bus, "pool.resize_failed") if "job-too-dear" in e.message]
     assert "over the budget of $0.80/h" in failure.message
+    shown = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-c", "from shared.cli.entry import main; main()", "pools"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "SPOTRAIN_NATS_URL": cluster.nats_url, "COLUMNS": "200"},
+        check=False,
+    )
+    assert shown.returncode == 0, shown.stderr
+    assert "gpu-spot" in shown.stdout
+    assert "1 job(s) held" in shown.stdout
     await bus.publish(
         new_event(JobCancelRequested(job_id="job-too-dear", requested_by="t"), source="t", time=NOW)
     )

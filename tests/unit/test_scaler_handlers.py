@@ -15,7 +15,12 @@ from shared.events.types import Bundle, CapacityClass
 from shared.messaging.memory import InMemoryBus
 from tests.events import NOW
 from tests.fakes.clock import FixedClock
-from tests.fakes.scaler import FakeCluster, FakeObserver, InMemoryDemandStore
+from tests.fakes.scaler import (
+    FakeCluster,
+    FakeObserver,
+    InMemoryDemandStore,
+    RecordingStatusBoard,
+)
 
 SPOT = PoolSpec(
     name="gpu-spot", capacity=CapacityClass.SPOT, gpus=2, cpus=4, price_per_hour_usd=1.0
@@ -42,6 +47,7 @@ def deps(clock: FixedClock, cluster: FakeCluster) -> Deps:
         provider=cluster,
         observer=FakeObserver(cluster),
         demand=InMemoryDemandStore(),
+        status=RecordingStatusBoard(),
     )
 
 
@@ -70,6 +76,10 @@ async def test_a_queued_job_grows_its_pool_by_one_node_and_only_once(
     assert list(cluster.launched) == ["gpu-spot-1"]
     kinds = [kind for kind, _ in published(deps)]
     assert kinds == ["spotrain.pool.resize_requested.v1", "spotrain.pool.resized.v1"]
+    assert isinstance(deps.status, RecordingStatusBoard)
+    assert deps.status.latest is not None
+    [spot] = deps.status.latest.pools
+    assert (spot.nodes, spot.gpus_total, spot.pending_jobs, spot.pending_gpus) == (1, 2, 1, 2)
 
 
 async def test_an_idle_node_goes_after_the_timeout_once_its_job_started(

@@ -1,4 +1,5 @@
-"""`DemandStore` on the scaler's own key-value bucket: one key per queued job."""
+"""`DemandStore` and `StatusBoard` on the scaler's own key-value bucket: one key per
+queued job, and one for the pools' status."""
 
 from __future__ import annotations
 
@@ -11,10 +12,7 @@ from nats.js.api import KeyValueConfig, StorageType
 from nats.js.kv import KeyValue
 
 from services.scaler.model import Demand
-
-
-def pools_bucket(prefix: str) -> str:
-    return f"{prefix}-pools"
+from shared.pools import STATUS_KEY, PoolsStatus
 
 
 class KvDemandStore:
@@ -34,6 +32,9 @@ class KvDemandStore:
     async def remove(self, job_id: str) -> None:
         with contextlib.suppress(nats.js.errors.KeyNotFoundError):
             await self._kv.delete(_key(job_id))
+
+    async def publish_status(self, status: PoolsStatus) -> None:
+        await self._kv.put(STATUS_KEY, status.model_dump_json().encode())
 
     async def all(self) -> list[Demand]:
         try:
