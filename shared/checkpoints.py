@@ -257,7 +257,8 @@ class GcsStorage:
     def _bucket_handle(self) -> Any:
         if self._bucket is None:
             if self._client is None:
-                from google.cloud import storage  # type: ignore[import-untyped]  # noqa: PLC0415
+                # The from-form trips mypy when typed google-cloud-container shares the namespace.
+                import google.cloud.storage as storage  # type: ignore[import-untyped]  # noqa: PLC0415, PLR0402
 
                 self._client = storage.Client()
             self._bucket = self._client.bucket(self.bucket_name)

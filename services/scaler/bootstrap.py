@@ -9,6 +9,7 @@ from services.scaler.adapters.kv_demand import KvDemandStore
 from services.scaler.adapters.local_ray import LocalPoolProvider
 from services.scaler.adapters.ray_cluster import RayClusterObserver
 from services.scaler.handlers import SERVICE, SUBSCRIPTIONS, Deps, reconcile
+from services.scaler.ports import PoolProvider
 from services.scaler.settings import ScalerSettings
 from shared.clock import SystemClock
 from shared.localstack.settings import LocalStackSettings
@@ -23,19 +24,13 @@ async def bootstrap(bus: EventBus, stack: AsyncExitStack) -> ServiceDefinition:
     if not isinstance(bus, JetStreamBus):
         msg = "the scaler keeps its demand in JetStream; it needs the JetStream bus"
         raise TypeError(msg)
-    local = LocalStackSettings(home=settings.local_home)
     bucket = await KvDemandStore.open(bus.client.jetstream(), pools_bucket(bus.prefix))
     deps = Deps(
         bus=bus,
         clock=SystemClock(),
         pools=settings.pools(),
         config=settings.policy_config(),
-        provider=LocalPoolProvider(
-            gcs_address=settings.ray_gcs_address,
-            state_dir=local.node_dir,
-            log_dir=local.log_dir,
-            env=os.environ,
-        ),
+        provider=_provider(settings),
         observer=RayClusterObserver(settings.ray_gcs_address),
         demand=bucket,
         status=bucket,
@@ -48,4 +43,38 @@ async def bootstrap(bus: EventBus, stack: AsyncExitStack) -> ServiceDefinition:
         name=SERVICE,
         subscriptions=[Subscription(service=SERVICE, routes=bind_routes(SUBSCRIPTIONS, deps))],
         tickers=[Ticker(name="reconcile", interval_s=settings.reconcile_interval_s, tick=tick)],
+    )
+
+
+def _provider(settings: ScalerSettings) -> PoolProvider:
+    if settings.provider == "gke":
+        # Imported here: the Google and Kubernetes clients come with the `cloud` extra only.
+        from services.scaler.adapters.gke import (  # noqa: PLC0415
+            ClusterRef,
+            GkePoolProvider,
+            KubernetesNodeDirectory,
+            connect_cluster_manager,
+        )
+
+        # ScalerSettings refuses the gke provider without these.
+        assert settings.gke_project is not None
+        assert settings.gke_location is not None
+        assert settings.gke_cluster is not None
+        return GkePoolProvider(
+            client=connect_cluster_manager(settings.gke_api_endpoint),
+            cluster=ClusterRef(
+                project=settings.gke_project,
+                location=settings.gke_location,
+                cluster=settings.gke_cluster,
+            ),
+            node_pools=settings.gke_node_pools,
+            directory=KubernetesNodeDirectory(),
+            clock=SystemClock(),
+        )
+    local = LocalStackSettings(home=settings.local_home)
+    return LocalPoolProvider(
+        gcs_address=settings.ray_gcs_address,
+        state_dir=local.node_dir,
+        log_dir=local.log_dir,
+        env=os.environ,
     )

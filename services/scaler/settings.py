@@ -6,7 +6,7 @@ import tomllib
 from importlib import resources
 from pathlib import Path
 
-from pydantic import AliasChoices, Field, TypeAdapter
+from pydantic import AliasChoices, Field, TypeAdapter, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from services.scaler.model import PoolSpec, ScalerConfig
@@ -25,7 +25,15 @@ class ScalerSettings(RuntimeSettings):
     any_fallback_after_s: float = Field(600.0, ge=0)
     settle_s: float = Field(20.0, ge=0)
     reconcile_interval_s: float = Field(2.0, gt=0)
-    provider: str = Field("local", pattern="^(local)$")
+    provider: str = Field("local", pattern="^(local|gke)$")
+    gke_project: str | None = None
+    gke_location: str | None = None
+    """The cluster's region (regional cluster) or zone (zonal cluster)."""
+    gke_cluster: str | None = None
+    gke_node_pools: dict[str, str] = Field(default_factory=dict)
+    """Spotrain pool name → GKE node pool name, as JSON in the environment."""
+    gke_api_endpoint: str | None = None
+    """Another GKE API endpoint (a local fake); an `http://` one is called without credentials."""
     ray_gcs_address: str = Field(
         "127.0.0.1:6380",
         validation_alias=AliasChoices(
@@ -36,6 +44,19 @@ class ScalerSettings(RuntimeSettings):
         default_factory=lambda: Path.home() / ".spotrain",
         validation_alias=AliasChoices("SPOTRAIN_SCALER_LOCAL_HOME", "SPOTRAIN_LOCAL_HOME"),
     )
+
+    @model_validator(mode="after")
+    def _gke_is_complete(self) -> ScalerSettings:
+        if self.provider == "gke":
+            missing = [
+                f"SPOTRAIN_SCALER_{name.upper()}"
+                for name in ("gke_project", "gke_location", "gke_cluster", "gke_node_pools")
+                if not getattr(self, name)
+            ]
+            if missing:
+                msg = f"the gke provider needs {', '.join(missing)}"
+                raise ValueError(msg)
+        return self
 
     def pools(self) -> list[PoolSpec]:
         if self.pools_file is None:

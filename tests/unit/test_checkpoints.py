@@ -16,9 +16,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import google.cloud.storage as gcs  # type: ignore[import-untyped]
 import pytest
 from google.auth.credentials import AnonymousCredentials
-from google.cloud import storage as gcs  # type: ignore[import-untyped]
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
