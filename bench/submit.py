@@ -1,6 +1,7 @@
 """How long `spotrain submit` takes, beside a bare nats-py publish, on a real local stack.
 
-Starts its own stack (free ports, a temporary state folder) and one spot worker node, then:
+Starts its own stack (free ports, a temporary state folder); its scaler starts the spot
+node the jobs need (the first run pays for the node's boot, later runs find it), then:
 - `spotrain submit` wall time, process start to exit (the submitter's answer received),
 - the same for a bare script that imports nats-py, connects and publishes one JetStream
   message with an ack (the floor for any Python client),
@@ -24,11 +25,7 @@ import urllib.request
 from pathlib import Path
 
 from shared.localstack import stack
-from shared.localstack.ports import free_port, free_port_below, free_port_block
-from shared.localstack.processes import stop_session
-from shared.localstack.ray_nodes import NodePorts, NodeShape, start_worker
-from shared.localstack.settings import LocalStackSettings
-from shared.resources import RESOURCE_PER_NODE
+from shared.localstack.settings import isolated_stack
 
 BARE_PUBLISH = """
 import asyncio, nats, sys
@@ -65,16 +62,7 @@ def main() -> None:
     bin_dir = Path(sys.executable).parent
     with tempfile.TemporaryDirectory() as home_dir:
         home = Path(home_dir)
-        settings = LocalStackSettings(
-            home=home / "stack",
-            nats_port=free_port(),
-            nats_monitor_port=free_port(),
-            ray_gcs_port=free_port_below(10_000),
-            ray_dashboard_port=free_port_below(10_000),
-            ray_client_port=free_port_below(10_000),
-            ray_head_port_base=free_port_block(64),
-            service_port_base=free_port(),
-        )
+        settings = isolated_stack(home / "stack")
         project = home / "project"
         project.mkdir()
         (project / "train.py").write_text("import time\ntime.sleep(1)\n")
@@ -84,18 +72,7 @@ def main() -> None:
             "SPOTRAIN_RAY_ADDRESS": settings.dashboard_url,
         }
         stack.up(settings)
-        worker = start_worker(
-            "bench-spot-1",
-            settings.gcs_address,
-            NodeShape(
-                num_cpus=2, num_gpus=0, resources={"spotrain-capacity-spot": RESOURCE_PER_NODE}
-            ),
-            NodePorts(free_port_block(64)),
-            log_dir=settings.log_dir,
-            env=os.environ,
-        )
         try:
-            time.sleep(8)  # the worker node joins
             submit_s, bare_s, running_s = [], [], []
             for run in range(args.runs):
                 bare_s.append(
@@ -131,7 +108,6 @@ def main() -> None:
                 )
                 time.sleep(1.5)  # let the job finish so each run finds the node free
         finally:
-            stop_session(worker.pid, grace_s=2)
             stack.down(settings)
     submit, bare = statistics.median(submit_s), statistics.median(bare_s)
     print(f"runs: {args.runs}")

@@ -68,3 +68,24 @@ class LocalStackSettings(BaseSettings):
         """Short on purpose: Ray puts Unix sockets under it, and their paths are limited."""
         digest = hashlib.sha256(str(self.home.resolve()).encode()).hexdigest()[:10]
         return Path("/tmp") / f"spotrain-ray-{digest}"  # noqa: S108  # socket path length
+
+
+def isolated_stack(home: Path) -> LocalStackSettings:
+    """A stack that can run beside others on one machine: its own state folder and free
+    ports for everything (tests, benchmarks, a second stack on a laptop)."""
+    from shared.localstack.ports import (  # noqa: PLC0415  # ports are probed only when asked
+        free_port,
+        free_port_below,
+        free_port_block,
+    )
+
+    return LocalStackSettings(
+        home=home,
+        nats_port=free_port(),
+        nats_monitor_port=free_port(),
+        ray_gcs_port=free_port_below(10_000),
+        ray_dashboard_port=free_port_below(10_000),
+        ray_client_port=free_port_below(10_000),
+        ray_head_port_base=free_port_block(64),
+        service_port_base=free_port(),
+    )

@@ -17,8 +17,7 @@ from shared.events import decode, new_event
 from shared.events.data import JobCancelRequested
 from shared.events.types import Bundle, CapacityClass
 from shared.localstack import stack
-from shared.localstack.ports import free_port, free_port_below, free_port_block
-from shared.localstack.settings import LocalStackSettings
+from shared.localstack.settings import LocalStackSettings, isolated_stack
 from shared.messaging import BusSettings
 from shared.messaging.jetstream import JetStreamBus
 from tests.async_helpers import eventually
@@ -31,16 +30,7 @@ IDLE_TIMEOUT_S = 4
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStackSettings]:
-    settings = LocalStackSettings(
-        home=tmp_path_factory.mktemp("stack"),
-        nats_port=free_port(),
-        nats_monitor_port=free_port(),
-        ray_gcs_port=free_port_below(10_000),
-        ray_dashboard_port=free_port_below(10_000),
-        ray_client_port=free_port_below(10_000),
-        ray_head_port_base=free_port_block(64),
-        service_port_base=free_port(),
-    )
+    settings = isolated_stack(tmp_path_factory.mktemp("stack"))
     with pytest.MonkeyPatch.context() as env:
         env.setenv("SPOTRAIN_SCALER_IDLE_TIMEOUT_S", str(IDLE_TIMEOUT_S))
         # Two gpu-spot nodes ($0.34/h each) fit the budget; three do not.

@@ -20,9 +20,8 @@ from shared.events import decode, new_event
 from shared.events.data import JobCancelRequested
 from shared.events.types import Bundle, CapacityClass
 from shared.localstack import stack
-from shared.localstack.ports import free_port, free_port_below, free_port_block
 from shared.localstack.processes import ProcessRecord, stop_session
-from shared.localstack.settings import LocalStackSettings
+from shared.localstack.settings import LocalStackSettings, isolated_stack
 from shared.messaging import BusSettings
 from shared.messaging.jetstream import JetStreamBus
 from tests.async_helpers import eventually
@@ -34,16 +33,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(300
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStackSettings]:
     """The local stack, shared by the module; its scaler starts the nodes jobs need."""
-    settings = LocalStackSettings(
-        home=tmp_path_factory.mktemp("stack"),
-        nats_port=free_port(),
-        nats_monitor_port=free_port(),
-        ray_gcs_port=free_port_below(10_000),
-        ray_dashboard_port=free_port_below(10_000),
-        ray_client_port=free_port_below(10_000),
-        ray_head_port_base=free_port_block(64),
-        service_port_base=free_port(),
-    )
+    settings = isolated_stack(tmp_path_factory.mktemp("stack"))
     with pytest.MonkeyPatch.context() as env:
         # Nodes stay between tests, and a second one may come soon after the first.
         env.setenv("SPOTRAIN_SCALER_IDLE_TIMEOUT_S", "300")
