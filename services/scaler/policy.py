@@ -79,6 +79,8 @@ class _FreeRoom:
         self._by_pool: dict[str, dict[int, dict[int, _Slot]]] = {}
         self._gpu_counts: dict[str, list[int]] = {}
         """Per pool, the free-GPU counts that have a bucket, ascending."""
+        self.free_gpus: dict[str, int] = {}
+        """Per pool, free GPUs in all: a job asking for more need not be searched for."""
 
     def add(self, slot: _Slot) -> None:
         if slot.gpus <= 0 and slot.cpus <= _EPSILON:
@@ -88,9 +90,20 @@ class _FreeRoom:
             buckets[slot.gpus] = {}
             bisect.insort(self._gpu_counts.setdefault(slot.pool, []), slot.gpus)
         buckets[slot.gpus][id(slot)] = slot
+        self.free_gpus[slot.pool] = self.free_gpus.get(slot.pool, 0) + slot.gpus
 
     def remove(self, slot: _Slot) -> None:
-        self._by_pool.get(slot.pool, {}).get(slot.gpus, {}).pop(id(slot), None)
+        buckets = self._by_pool.get(slot.pool, {})
+        bucket = buckets.get(slot.gpus)
+        if bucket is None or bucket.pop(id(slot), None) is None:
+            return
+        self.free_gpus[slot.pool] -= slot.gpus
+        if bucket:
+            return
+        # An empty bucket goes, so a search never walks past room that is not there.
+        del buckets[slot.gpus]
+        counts = self._gpu_counts[slot.pool]
+        counts.pop(bisect.bisect_left(counts, slot.gpus))
 
     def find(self, bundle: Bundle, pools: Sequence[str]) -> _Slot | None:
         """The first slot that holds the bundle, tightest GPU fit first."""
@@ -203,10 +216,12 @@ def _place(
     allowed = [p.name for p in candidates]
     # Largest bundles first: the classic first-fit-decreasing order packs tightest.
     bundles = sorted(demand.bundles, key=lambda b: (b.gpus, b.cpus, b.memory_gb), reverse=True)
-    trial = _Trial(packing.room)
-    if trial.fit(bundles, allowed, grow=None):
-        trial.commit()
-        return None
+    asked = sum(b.gpus for b in bundles)
+    if sum(packing.room.free_gpus.get(p, 0) for p in allowed) >= asked:
+        trial = _Trial(packing.room)
+        if trial.fit(bundles, allowed, grow=None):
+            trial.commit()
+            return None
     why = BlockedReason.NO_POOL_FITS
     detail = "no allowed pool has a node shape that holds its bundles"
     would_grow: str | None = None
