@@ -92,7 +92,7 @@ def rays(pools: list[PoolSpec], views: list[NodeView], demands: list[Demand]) ->
         node_availability_summary=NodeAvailabilitySummary(node_availabilities={}),
     )
     started = time.perf_counter()
-    _, residual = get_bin_pack_residual(free, requests)
+    residual, _ = get_bin_pack_residual(free, requests)
     get_nodes_for(node_types, existing, "head", 1_000_000, residual, scorer)
     return time.perf_counter() - started
 

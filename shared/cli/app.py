@@ -6,6 +6,7 @@ Errors are one line on stderr and a non-zero exit, never a traceback.
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import sys
 from pathlib import Path
 from typing import Annotated, NoReturn
@@ -77,6 +78,21 @@ def demo(
     from shared.cli.demo import run_demo  # noqa: PLC0415  # nats is imported only when needed
 
     asyncio.run(run_demo(out, timeout_s=timeout_s))
+
+
+@app.command(
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    add_help_option=False,
+)
+def simulate(context: typer.Context) -> None:
+    """Replay a job trace through the scaler's policy and others (--help for options)."""
+    # The simulator belongs to the scaler, and the CLI may not import a service: it runs
+    # as the scaler's own tool, with the arguments as given.
+    result = subprocess.run(
+        [sys.executable, "-m", "services.scaler.simulate", *context.args], check=False
+    )
+    if result.returncode:
+        raise typer.Exit(result.returncode)
 
 
 register_job_commands(app)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -75,3 +76,22 @@ def test_the_cli_does_not_import_ray() -> None:
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
     )
     assert result.stdout.strip() == "False"
+
+
+def test_simulate_replays_a_trace_and_prints_json(tmp_path: Path) -> None:
+    trace = tmp_path / "trace.csv"
+    trace.write_text("job-a,0,CLOS,2,2,3600\njob-b,10,CLOS,8,8,600\n")
+    result = spotrain("simulate", "--trace", str(trace), "--policy", "spotrain,naive", "--json")
+    assert result.returncode == 0, result.stderr
+    figures = json.loads(result.stdout)
+    assert [f["policy"] for f in figures] == ["spotrain", "naive"]
+    for f in figures:
+        assert {"cost_usd", "cost_over_lower_bound", "utilisation", "wait_p95_s"} <= f.keys()
+        assert f["cost_over_lower_bound"] >= 1.0
+
+
+def test_simulate_says_which_file_is_missing() -> None:
+    result = spotrain("simulate", "--trace", "no-such-trace.csv")
+    assert result.returncode == 2
+    assert "no-such-trace.csv" in result.stderr
+    assert "Traceback" not in result.stderr

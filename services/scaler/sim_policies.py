@@ -1,0 +1,320 @@
+"""The simulated cluster the trace replay keeps, and the scaling policies compared on it:
+ours (`policy.plan`, called as is), Ray's autoscaler bin-packing, a naive one and a static one.
+Each policy is a function of the cluster's state at a decision tick; none keeps a clock."""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any, Protocol
+
+from services.scaler.model import Demand, NodeView, PoolSpec, Room, ScalerConfig
+from services.scaler.policy import plan
+from shared.events.types import Bundle, CapacityClass
+
+EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
+"""Simulated second 0; the policy takes aware datetimes."""
+
+CPUS_PER_GPU = 1.0
+"""A trace gives GPUs only; each bundle asks one CPU per GPU, so CPUs never bind on a pool
+with at least as many CPUs as GPUs (which `simulate.load_pools` checks)."""
+
+
+@dataclass(eq=False, slots=True)
+class SimNode:
+    """One launched node: booting until `ready_s`, then in the cluster until released."""
+
+    name: str
+    pool: PoolSpec
+    launched_s: float
+    ready_s: float
+    ready: bool = False
+    free_gpus: int = 0
+    idle_since_s: float | None = None
+    """When it last became empty (or ready while empty); None while something runs on it."""
+    jobs: dict[int, int] = field(default_factory=dict)
+    """Job index → GPUs that job holds here."""
+    view: NodeView | None = None
+    """The policy's view of it, kept while nothing about it changes."""
+
+
+@dataclass(eq=False, slots=True)
+class SimJob:
+    """One trace job: its bundles, and where its current attempt stands."""
+
+    index: int
+    job_id: str
+    arrival_s: float
+    gpus: int
+    duration_s: float
+    bundles: tuple[int, ...]
+    """GPUs per bundle, largest first; all are placed or none (gang)."""
+    attempt: int = 1
+    queued_s: float = 0.0
+    started_s: float | None = None
+    waited_s: float = 0.0
+    done: bool = False
+    demand: Demand | None = None
+    """The policy's view of this attempt, built once."""
+
+    def to_demand(self) -> Demand:
+        if self.demand is None or self.demand.attempt != self.attempt:
+            # model_construct: the simulator built these values itself, so validating each
+            # of hundreds of thousands of them would only cost time.
+            self.demand = Demand.model_construct(
+                job_id=self.job_id,
+                attempt=self.attempt,
+                bundles=tuple(
+                    Bundle.model_construct(gpus=b, cpus=b * CPUS_PER_GPU, memory_gb=0.0)
+                    for b in self.bundles
+                ),
+                capacity=CapacityClass.ANY,
+                priority=5,
+                queued_at=EPOCH + timedelta(seconds=self.queued_s),
+            )
+        return self.demand
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterState:
+    """What a policy sees at a decision tick: every live node (booting or ready) and every
+    queued job, in queue order."""
+
+    now_s: float
+    pools: Sequence[PoolSpec]
+    config: ScalerConfig
+    nodes: Sequence[SimNode]
+    pending: Sequence[SimJob]
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    launch: dict[str, int] = field(default_factory=dict)
+    """Pool name → nodes to add now."""
+    release: tuple[str, ...] = ()
+    """Names of idle nodes to remove now."""
+
+
+class SimPolicy(Protocol):
+    """A scaling policy under simulation. `decide` may keep bookkeeping between calls (the
+    naive policy remembers which attempts it launched for) but reads no clock."""
+
+    name: str
+    watches_queue: bool
+    """False for a policy that ignores queued work: it is asked only at the start and after
+    a loss, which keeps a replay with a long queue fast."""
+
+    def decide(self, state: ClusterState) -> Decision: ...
+
+
+def idle_expired(state: ClusterState, idle_timeout_s: float) -> list[SimNode]:
+    """Ready, empty nodes idle at least the timeout, longest idle first, above each pool's
+    minimum."""
+    counts: dict[str, int] = {}
+    for node in state.nodes:
+        counts[node.pool.name] = counts.get(node.pool.name, 0) + 1
+    idle = sorted(
+        (
+            n
+            for n in state.nodes
+            if n.ready
+            and n.idle_since_s is not None
+            and state.now_s - n.idle_since_s >= idle_timeout_s
+        ),
+        key=lambda n: (n.idle_since_s, n.name),
+    )
+    chosen = []
+    for node in idle:
+        if counts[node.pool.name] > node.pool.min_nodes:
+            chosen.append(node)
+            counts[node.pool.name] -= 1
+    return chosen
+
+
+class Spotrain:
+    """Ours: `services.scaler.policy.plan` on the same views the live scaler builds."""
+
+    name = "spotrain"
+    watches_queue = True
+
+    def decide(self, state: ClusterState) -> Decision:
+        now = EPOCH + timedelta(seconds=state.now_s)
+        settle_s = state.config.settle_s
+        views = []
+        name_to_pool = {}
+        for node in state.nodes:
+            age_s = state.now_s - node.launched_s
+            if node.idle_since_s is not None:
+                name_to_pool[node.name] = node.pool.name
+            # A busy node past the settle time looks the same to the policy at every tick,
+            # so its view is kept; an idle or young one carries a time that still matters.
+            if node.view is None or node.idle_since_s is not None or age_s < settle_s:
+                pool = node.pool
+                used = pool.gpus - node.free_gpus
+                node.view = NodeView.model_construct(
+                    name=node.name,
+                    pool=pool.name,
+                    ready=node.ready,
+                    free=Room.model_construct(
+                        gpus=node.free_gpus,
+                        cpus=pool.cpus - used * CPUS_PER_GPU,
+                        memory_gb=pool.memory_gb,
+                        gpu_type=pool.gpu_type,
+                    ),
+                    idle_s=0.0 if node.idle_since_s is None else state.now_s - node.idle_since_s,
+                    age_s=age_s,
+                )
+            views.append(node.view)
+        decided = plan(
+            state.pools, views, [j.to_demand() for j in state.pending], state.config, now
+        )
+        remaining = {p.pool: p.current for p in decided.pools}
+        for name in decided.release:
+            remaining[name_to_pool[name]] -= 1
+        launch = {p.pool: p.target - remaining[p.pool] for p in decided.pools}
+        launch = {pool: count for pool, count in launch.items() if count > 0}
+        return Decision(launch=launch, release=decided.release)
+
+
+def smallest_pool_for(bundle_gpus: int, pools: Sequence[PoolSpec]) -> PoolSpec | None:
+    """The cheapest spot pool whose node holds the bundle (on-demand if there is no spot)."""
+    for capacity in (CapacityClass.SPOT, CapacityClass.ON_DEMAND):
+        fits = [p for p in pools if p.capacity is capacity and p.gpus >= bundle_gpus]
+        if fits:
+            return min(fits, key=lambda p: (p.price_per_hour_usd, p.name))
+    return None
+
+
+class Naive:
+    """A fixed batch per queued job: one new node per bundle of every attempt it has not yet
+    launched for, ignoring free room and booting nodes; idle nodes go after the timeout."""
+
+    name = "naive"
+    watches_queue = True
+
+    def __init__(self) -> None:
+        self._served: set[tuple[int, int]] = set()
+
+    def decide(self, state: ClusterState) -> Decision:
+        launch: dict[str, int] = {}
+        for job in state.pending:
+            if (job.index, job.attempt) in self._served:
+                continue
+            self._served.add((job.index, job.attempt))
+            for bundle in job.bundles:
+                pool = smallest_pool_for(bundle, state.pools)
+                if pool is not None:
+                    launch[pool.name] = launch.get(pool.name, 0) + 1
+        release = idle_expired(state, state.config.idle_timeout_s)
+        return Decision(launch=launch, release=tuple(n.name for n in release))
+
+
+class Static:
+    """A fixed pool sized to the trace's mean demand, never released; a preempted node is
+    replaced."""
+
+    name = "static"
+    watches_queue = False
+
+    def __init__(self, pool: str, nodes: int) -> None:
+        self.pool = pool
+        self.nodes = nodes
+
+    @classmethod
+    def for_demand(
+        cls, pools: Sequence[PoolSpec], mean_gpus: float, largest_job_bundles: int
+    ) -> Static:
+        gpu_pools = [p for p in pools if p.gpus > 0]
+        spot = [p for p in gpu_pools if p.capacity is CapacityClass.SPOT] or gpu_pools
+        pool = min(spot, key=lambda p: (-p.gpus, p.price_per_hour_usd, p.name))
+        return cls(pool.name, max(math.ceil(mean_gpus / pool.gpus), largest_job_bundles, 1))
+
+    def decide(self, state: ClusterState) -> Decision:
+        have = sum(1 for n in state.nodes if n.pool.name == self.pool)
+        return Decision(launch={self.pool: self.nodes - have} if have < self.nodes else {})
+
+
+RAY_UPSCALING_SPEED = 1.0
+"""Ray's default `upscaling_speed`."""
+RAY_UPSCALING_INITIAL_NUM_NODES = 5
+"""Ray's `AUTOSCALER_UPSCALING_INITIAL_NUM_NODES`: pending nodes a type may always have."""
+RAY_IDLE_TIMEOUT_S = 300.0
+"""Ray's default `idle_timeout_minutes` (5)."""
+
+
+class RayAutoscaler:
+    """Ray's autoscaler (v1) decision, called from the installed ray package: the bin-pack
+    residual of the queued bundles over free room on live and booting nodes, `get_nodes_for`
+    with the default utilisation scorer, then Ray's per-type launch limit
+    (pending ≤ max(5, upscaling_speed * running)); idle nodes go after 5 minutes. Ray knows
+    no prices: node types are listed spot first, which is Ray's best case, as its scorer keeps
+    the first of equally scored types."""
+
+    name = "ray"
+    watches_queue = True
+
+    def __init__(self) -> None:
+        # Ray is imported here, not at module import: it takes a second and only this
+        # policy needs it.
+        from ray.autoscaler._private.node_provider_availability_tracker import (  # noqa: PLC0415
+            NodeAvailabilitySummary,
+        )
+        from ray.autoscaler._private.resource_demand_scheduler import (  # noqa: PLC0415
+            _default_utilization_scorer,
+            get_bin_pack_residual,
+            get_nodes_for,
+        )
+
+        self._residual: Callable[..., tuple[list[Any], list[Any]]] = get_bin_pack_residual
+        self._nodes_for: Callable[..., tuple[dict[str, int], list[Any]]] = get_nodes_for
+        self._scorer = functools.partial(
+            _default_utilization_scorer,
+            node_availability_summary=NodeAvailabilitySummary(node_availabilities={}),
+        )
+
+    def decide(self, state: ClusterState) -> Decision:
+        release = idle_expired(state, RAY_IDLE_TIMEOUT_S)
+        if not state.pending:
+            return Decision(release=tuple(n.name for n in release))
+        pools = sorted(state.pools, key=lambda p: p.capacity is not CapacityClass.SPOT)
+        node_types: dict[str, Any] = {
+            p.name: {
+                "resources": {"GPU": p.gpus, "CPU": p.cpus},
+                "min_workers": p.min_nodes,
+                "max_workers": p.max_nodes,
+            }
+            for p in pools
+        }
+        node_types["head"] = {"resources": {"CPU": 0}, "max_workers": 0}
+        gone = {n.name for n in release}
+        live = [n for n in state.nodes if n.name not in gone]
+        free = [
+            {"GPU": float(n.free_gpus), "CPU": n.pool.cpus - (n.pool.gpus - n.free_gpus)}
+            for n in live
+        ]
+        existing = {p.name: 0 for p in pools} | {"head": 1}
+        running = dict.fromkeys(existing, 0)
+        booting = dict.fromkeys(existing, 0)
+        for node in live:
+            existing[node.pool.name] += 1
+            (running if node.ready else booting)[node.pool.name] += 1
+        requests = [
+            {"GPU": float(b), "CPU": b * CPUS_PER_GPU} for job in state.pending for b in job.bundles
+        ]
+        residual, _ = self._residual(free, requests)
+        max_to_add = sum(p.max_nodes for p in pools) + 1 - sum(existing.values())
+        wanted, _ = self._nodes_for(
+            node_types, existing, "head", max_to_add, residual, self._scorer
+        )
+        launch = {}
+        for pool, count in wanted.items():
+            allowed = max(
+                RAY_UPSCALING_INITIAL_NUM_NODES,
+                int(RAY_UPSCALING_SPEED * max(running[pool], 1)),
+            )
+            if min(count, allowed - booting[pool]) > 0:
+                launch[pool] = min(count, allowed - booting[pool])
+        return Decision(launch=launch, release=tuple(n.name for n in release))

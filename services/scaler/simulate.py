@@ -1,0 +1,756 @@
+"""Replays a GPU job trace through a discrete-event simulation of a cluster whose pools are
+sized by a scaling policy (ours, `policy.plan`, unchanged; or a baseline), and reports cost,
+utilisation and queue wait. No NATS, no Ray processes, no clock: deterministic given a seed.
+
+    python -m services.scaler.simulate --trace philly.csv --policy spotrain,ray [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import heapq
+import json
+import math
+import random
+import sys
+import time
+import tomllib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import TypeAdapter
+
+from services.scaler.model import PoolSpec, ScalerConfig
+from services.scaler.sim_policies import (
+    CPUS_PER_GPU,
+    ClusterState,
+    Naive,
+    RayAutoscaler,
+    SimJob,
+    SimNode,
+    SimPolicy,
+    Spotrain,
+    Static,
+)
+from shared.events.types import CapacityClass
+
+POLICIES = ("spotrain", "naive", "static", "ray")
+
+# GKE-like A100 pools. Prices are approximate us-central1 list prices, illustrative only:
+# an A100 40GB on a2-highgpu on-demand at about $3.67 per GPU-hour, spot at about 30% of
+# that ($1.10); a node costs its GPU count times the per-GPU price. Boot: 120 s from the
+# launch request to the node being in Ray (GPU nodes with drivers take minutes on GKE).
+DEFAULT_POOLS_TOML = """
+[scaler]
+budget_per_hour_usd = 1000000
+idle_timeout_s = 300
+
+[[pool]]
+name = "a100-spot-1g"
+capacity = "spot"
+gpus = 1
+cpus = 12
+price_per_hour_usd = 1.10
+boot_time_s = 120
+max_nodes = 4000
+
+[[pool]]
+name = "a100-spot-2g"
+capacity = "spot"
+gpus = 2
+cpus = 24
+price_per_hour_usd = 2.20
+boot_time_s = 120
+max_nodes = 2000
+
+[[pool]]
+name = "a100-spot-4g"
+capacity = "spot"
+gpus = 4
+cpus = 48
+price_per_hour_usd = 4.40
+boot_time_s = 120
+max_nodes = 1000
+
+[[pool]]
+name = "a100-spot-8g"
+capacity = "spot"
+gpus = 8
+cpus = 96
+price_per_hour_usd = 8.80
+boot_time_s = 120
+max_nodes = 1000
+
+[[pool]]
+name = "a100-od-1g"
+capacity = "on-demand"
+gpus = 1
+cpus = 12
+price_per_hour_usd = 3.67
+boot_time_s = 120
+max_nodes = 4000
+
+[[pool]]
+name = "a100-od-8g"
+capacity = "on-demand"
+gpus = 8
+cpus = 96
+price_per_hour_usd = 29.39
+boot_time_s = 120
+max_nodes = 1000
+"""
+
+DECISION_INTERVAL_S = 10.0
+"""Decisions fall on a grid of this step: a twelfth of the default boot time, twice Ray's
+autoscaler update (5 s). 5 s gives similar figures and replays the full trace about 1.6 times
+slower. The 129-day trace is not stepped: a tick happens only when something changed that a
+policy could act on (queued work, a node ready or lost) or a time-based rule falls due (idle
+timeout, settle time, on-demand fallback)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TraceJob:
+    job_id: str
+    arrival_s: float
+    gpus: int
+    duration_s: float
+
+
+def read_trace(path: Path, limit: int | None = None) -> list[TraceJob]:
+    """Jobs from a CSV of the Philly trace's format: job id, arrival s, topology, shape,
+    size (GPUs), duration s; a first line starting with `#` is a header. Sorted by arrival."""
+    jobs = []
+    with path.open(newline="") as f:
+        for row in csv.reader(f):
+            if not row or row[0].lstrip().startswith("#"):
+                continue
+            if len(row) < 6:
+                raise ValueError(f"{path}: expected 6 columns, got {row!r}")
+            try:
+                jobs.append(TraceJob(row[0].strip(), float(row[1]), int(row[4]), float(row[5])))
+            except ValueError:
+                raise ValueError(f"{path}: not a number where one belongs in {row!r}") from None
+            if limit is not None and len(jobs) >= limit:
+                break
+    jobs.sort(key=lambda j: j.arrival_s)
+    return jobs
+
+
+def load_pools(path: Path | None = None) -> tuple[list[PoolSpec], ScalerConfig]:
+    """`[[pool]]` tables (the format of pools.local.toml) and an optional `[scaler]` table of
+    `ScalerConfig` fields; without a file, the GKE-like default above."""
+    data = tomllib.loads(DEFAULT_POOLS_TOML if path is None else path.read_text())
+    pools = TypeAdapter(list[PoolSpec]).validate_python(data.get("pool", []), strict=False)
+    for pool in pools:
+        if pool.cpus < pool.gpus * CPUS_PER_GPU:
+            raise ValueError(f"pool {pool.name}: needs at least one CPU per GPU")
+    config = ScalerConfig.model_validate(
+        {"budget_per_hour_usd": 1e9, "max_launch_per_pool": 1000} | data.get("scaler", {}),
+        strict=False,
+    )
+    return pools, config
+
+
+def split_bundles(gpus: int, pools: Sequence[PoolSpec]) -> tuple[int, ...]:
+    """A job bigger than the largest node becomes bundles of that node's GPU count."""
+    largest = max((p.gpus for p in pools), default=0)
+    if gpus <= largest:
+        return (gpus,)
+    whole, rest = divmod(gpus, largest)
+    return (largest,) * whole + ((rest,) if rest else ())
+
+
+def fits_ever(bundles: tuple[int, ...], pools: Sequence[PoolSpec]) -> bool:
+    """Whether the pools at their maximum size could hold the job at all."""
+    slots = sorted(
+        (p.gpus for p in pools if p.gpus > 0 for _ in range(min(p.max_nodes, len(bundles)))),
+        reverse=True,
+    )
+    if len(slots) < len(bundles):
+        return False
+    # Largest bundle on the largest node first: bundles never exceed the largest node.
+    return all(b <= s for b, s in zip(bundles, slots, strict=False))
+
+
+@dataclass
+class Result:
+    """One policy's figures; the first seven keys are the issue's JSON."""
+
+    policy: str
+    cost_usd: float
+    cost_over_lower_bound: float
+    utilisation: float
+    wait_p50_s: float
+    wait_p95_s: float
+    wait_max_s: float
+    nodes_launched: int
+    saving_vs_on_demand: float | None
+    lower_bound_usd: float
+    jobs: int
+    jobs_unfinished: int
+    jobs_unschedulable: int
+    preempted_nodes: int
+    requeued_attempts: int
+    lost_gpu_hours: float
+    simulated_days: float
+    wall_s: float
+    series: list[tuple[float, int, int]] = field(default_factory=list, repr=False)
+    """(time s, provisioned GPUs, busy GPUs), sampled for the plot."""
+
+    def figures(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "series"}
+
+
+def _percentile(values: Sequence[float], q: float) -> float:
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+# Event kinds; at one instant completions free room before boots and losses are handled.
+_DONE, _READY = 0, 1
+_IDLE, _SETTLE, _FALLBACK = 0, 1, 2
+MAX_GPUS_PER_NODE = 16
+
+
+class Simulation:
+    """The cluster over time. Jobs run when all their bundles are on ready nodes (best fit,
+    queue order with backfill, as Ray places placement groups); nodes cost from launch to
+    release; a lost spot node kills every job with a bundle on it, which queues again and
+    starts over (the lost work is counted)."""
+
+    def __init__(
+        self,
+        trace: Sequence[TraceJob],
+        policy: SimPolicy,
+        pools: Sequence[PoolSpec],
+        config: ScalerConfig,
+        *,
+        seed: int = 0,
+        preemption_rate_per_hour: float = 0.0,
+        preemption_group: int = 4,
+        interval_s: float = DECISION_INTERVAL_S,
+    ) -> None:
+        self.policy = policy
+        self.pools = list(pools)
+        self.by_name = {p.name: p for p in pools}
+        self.config = config
+        self.rng = random.Random(seed)  # noqa: S311  # a reproducible simulation, not a secret
+        self.rate_per_s = preemption_rate_per_hour / 3600.0
+        self.group = max(1, preemption_group)
+        self.interval_s = interval_s
+        self.jobs: list[SimJob] = []
+        self.unschedulable = 0
+        for job in trace:
+            bundles = split_bundles(job.gpus, pools)
+            if job.gpus <= 0 or not fits_ever(bundles, pools):
+                self.unschedulable += 1
+                continue
+            self.jobs.append(
+                SimJob(
+                    index=len(self.jobs),
+                    job_id=job.job_id,
+                    arrival_s=job.arrival_s,
+                    gpus=job.gpus,
+                    duration_s=job.duration_s,
+                    bundles=bundles,
+                    queued_s=job.arrival_s,
+                )
+            )
+        self.now_s = self.jobs[0].arrival_s if self.jobs else 0.0
+        self.nodes: dict[str, SimNode] = {}
+        self.free: list[dict[str, SimNode]] = [{} for _ in range(MAX_GPUS_PER_NODE + 1)]
+        """Ready nodes by free GPUs, for best-fit placement without a scan."""
+        self.queues: dict[tuple[int, ...], list[tuple[float, int]]] = {}
+        """Queued attempts by bundle shape, each a heap of (queued at, job index)."""
+        self.pending = 0
+        self.events: list[tuple[float, int, int, Any]] = []
+        self.alarms: list[tuple[float, int, Any]] = []
+        """When a time-based rule may fall due, each checked before it wakes a decision: an
+        idle timeout (of a node still idle since then), a settle end, an on-demand fallback
+        (of an attempt still queued)."""
+        self.seq = 0
+        self.launched = 0
+        self.preempted = 0
+        self.requeued = 0
+        self.lost_gpu_s = 0.0
+        self.cost_usd = 0.0
+        self.provisioned_gpu_s = 0.0
+        self.busy_gpu_s = 0.0
+        self.node_gpus = 0
+        self.busy_gpus = 0
+        self.spot_nodes = 0
+        self.next_preempt_s = math.inf
+        self.dirty = False
+        """Something a pending job's placement depends on changed since the last decision."""
+        self.force = True
+        """Decide at the next tick whatever is queued: at the start (minimum sizes) and after
+        a loss (a fixed pool replaces its nodes)."""
+        self.held: dict[int, list[SimNode]] = {}
+        self.last_decision_s = -math.inf
+        self.series: list[tuple[float, int, int]] = []
+        span = (max((j.arrival_s + j.duration_s for j in self.jobs), default=0.0)) - self.now_s
+        self.sample_every_s = max(span / 4000.0, 1.0)
+        self._seq = 0
+
+    # -- bookkeeping -------------------------------------------------------------------
+
+    def _push(self, at_s: float, kind: int, what: Any) -> None:
+        self.seq += 1
+        heapq.heappush(self.events, (at_s, self.seq, kind, what))
+
+    def _alarm(self, at_s: float, kind: int, what: Any) -> None:
+        self.seq += 1
+        heapq.heappush(self.alarms, (at_s, self.seq, (kind, what)))
+
+    def _alarm_live(self, kind: int, what: Any) -> bool:
+        if kind == _IDLE:
+            node, since_s = what
+            return node.name in self.nodes and node.idle_since_s == since_s
+        if kind == _FALLBACK:
+            job, attempt = what
+            return job.attempt == attempt and job.started_s is None and not job.done
+        return self.pending > 0  # a settle end matters only to queued work
+
+    def _advance(self, to_s: float) -> None:
+        dt = to_s - self.now_s
+        if dt > 0:
+            self.provisioned_gpu_s += self.node_gpus * dt
+            self.busy_gpu_s += self.busy_gpus * dt
+            self.now_s = to_s
+
+    def _sample(self) -> None:
+        if not self.series or self.now_s - self.series[-1][0] >= self.sample_every_s:
+            self.series.append((self.now_s, self.node_gpus, self.busy_gpus))
+
+    def _spot_changed(self, delta: int) -> None:
+        self.spot_nodes += delta
+        rate = self.rate_per_s * self.spot_nodes / self.group
+        # Losses are memoryless, so redrawing the next one whenever the count changes is exact.
+        self.next_preempt_s = self.now_s + self.rng.expovariate(rate) if rate > 0 else math.inf
+
+    def _set_free(self, node: SimNode, gpus: int) -> None:
+        if node.ready:
+            self.free[node.free_gpus].pop(node.name, None)
+            self.free[gpus][node.name] = node
+        node.free_gpus = gpus
+        node.view = None
+        empty = gpus == node.pool.gpus
+        if empty and node.idle_since_s is None:
+            node.idle_since_s = self.now_s
+            self._alarm(self.now_s + self.config.idle_timeout_s, _IDLE, (node, self.now_s))
+        elif not empty:
+            node.idle_since_s = None
+
+    # -- nodes -------------------------------------------------------------------------
+
+    def _launch(self, pool: PoolSpec) -> None:
+        self._seq += 1
+        node = SimNode(
+            name=f"{pool.name}-{self._seq}",
+            pool=pool,
+            launched_s=self.now_s,
+            ready_s=self.now_s + pool.boot_time_s,
+            free_gpus=pool.gpus,
+        )
+        self.nodes[node.name] = node
+        self.launched += 1
+        self.node_gpus += pool.gpus
+        self._push(node.ready_s, _READY, node)
+        self._alarm(self.now_s + self.config.settle_s, _SETTLE, None)
+        if pool.capacity is CapacityClass.SPOT:
+            self._spot_changed(+1)
+
+    def _remove(self, node: SimNode) -> None:
+        del self.nodes[node.name]
+        if node.ready:
+            self.free[node.free_gpus].pop(node.name, None)
+        self.node_gpus -= node.pool.gpus
+        self.cost_usd += (self.now_s - node.launched_s) * node.pool.price_per_hour_usd / 3600
+        if node.pool.capacity is CapacityClass.SPOT:
+            self._spot_changed(-1)
+
+    def _ready(self, node: SimNode) -> None:
+        if node.name not in self.nodes:
+            return  # lost or released while booting
+        node.ready = True
+        node.idle_since_s = None
+        self._set_free(node, node.free_gpus)
+        self.dirty = True
+
+    def _preempt(self) -> None:
+        spot = [n for n in self.nodes.values() if n.pool.capacity is CapacityClass.SPOT]
+        if not spot:
+            return
+        pool = self.rng.choice(spot).pool  # a pool chosen in proportion to its nodes
+        members = [n for n in spot if n.pool is pool]
+        for node in self.rng.sample(members, min(self.group, len(members))):
+            for index in list(node.jobs):
+                self._kill(self.jobs[index])
+            self._remove(node)
+            self.preempted += 1
+        self.force = True
+
+    # -- jobs --------------------------------------------------------------------------
+
+    def _enqueue(self, job: SimJob) -> None:
+        heapq.heappush(self.queues.setdefault(job.bundles, []), (job.queued_s, job.index))
+        self.pending += 1
+        self._alarm(job.queued_s + self.config.any_fallback_after_s, _FALLBACK, (job, job.attempt))
+        self.dirty = True
+
+    def _try_start(self, job: SimJob) -> bool:
+        taken: list[tuple[SimNode, int]] = []
+        for bundle in job.bundles:
+            node = next(
+                (
+                    next(iter(bucket.values()))
+                    for bucket in self.free[bundle : MAX_GPUS_PER_NODE + 1]
+                    if bucket
+                ),
+                None,
+            )
+            if node is None:
+                for held, gpus in reversed(taken):
+                    self._set_free(held, held.free_gpus + gpus)
+                return False
+            self._set_free(node, node.free_gpus - bundle)
+            taken.append((node, bundle))
+        for node, gpus in taken:
+            node.jobs[job.index] = node.jobs.get(job.index, 0) + gpus
+        self.held[job.index] = list(dict.fromkeys(node for node, _ in taken))
+        job.started_s = self.now_s
+        job.waited_s += self.now_s - job.queued_s
+        self.busy_gpus += job.gpus
+        self._push(self.now_s + job.duration_s, _DONE, (job, job.attempt))
+        return True
+
+    def _place(self) -> None:
+        """Start queued attempts in queue order; a shape that does not fit is skipped for
+        the rest of the pass, so smaller ones behind it may start (backfill)."""
+        heads = [(q[0], shape) for shape, q in self.queues.items() if q]
+        heapq.heapify(heads)
+        while heads:
+            (_, index), shape = heapq.heappop(heads)
+            if not self._try_start(self.jobs[index]):
+                continue
+            queue = self.queues[shape]
+            heapq.heappop(queue)
+            self.pending -= 1
+            if queue:
+                heapq.heappush(heads, (queue[0], shape))
+
+    def _release_job(self, job: SimJob) -> None:
+        for node in self.held.pop(job.index, []):
+            gpus = node.jobs.pop(job.index, 0)
+            if gpus:
+                self._set_free(node, node.free_gpus + gpus)
+        self.busy_gpus -= job.gpus
+
+    def _finish(self, job: SimJob, attempt: int) -> None:
+        if job.attempt != attempt or job.done:
+            return  # an attempt that was killed
+        self._release_job(job)
+        job.done = True
+        self.dirty = True
+
+    def _kill(self, job: SimJob) -> None:
+        assert job.started_s is not None
+        self.lost_gpu_s += (self.now_s - job.started_s) * job.gpus
+        self._release_job(job)
+        job.attempt += 1
+        job.started_s = None
+        job.queued_s = self.now_s
+        self.requeued += 1
+        self._enqueue(job)
+
+    # -- the loop ----------------------------------------------------------------------
+
+    def _pending_jobs(self) -> list[SimJob]:
+        entries = sorted(e for q in self.queues.values() for e in q)
+        return [self.jobs[i] for _, i in entries]
+
+    def _decide(self) -> None:
+        self.dirty = self.force = False
+        self.last_decision_s = self.now_s
+        state = ClusterState(
+            now_s=self.now_s,
+            pools=self.pools,
+            config=self.config,
+            nodes=list(self.nodes.values()),
+            pending=self._pending_jobs(),
+        )
+        decision = self.policy.decide(state)
+        for name in decision.release:
+            node = self.nodes.get(name)
+            if node is not None and node.ready and not node.jobs:
+                self._remove(node)
+        for pool_name, count in sorted(decision.launch.items()):
+            pool = self.by_name[pool_name]
+            have = sum(1 for n in self.nodes.values() if n.pool is pool)
+            for _ in range(max(0, min(count, pool.max_nodes - have))):
+                self._launch(pool)
+
+    def _next_decision_s(self) -> float:
+        if not self.policy.watches_queue:
+            return self.now_s if self.force else math.inf
+        while self.alarms and (
+            self.alarms[0][0] <= self.last_decision_s or not self._alarm_live(*self.alarms[0][2])
+        ):
+            heapq.heappop(self.alarms)
+        due = self.alarms[0][0] if self.alarms else math.inf
+        if self.force or (self.dirty and self.pending):
+            due = self.now_s
+        if due == math.inf:
+            return due
+        return max(math.ceil(due / self.interval_s) * self.interval_s, self.now_s)
+
+    def run(self) -> None:
+        arrivals = 0
+        done = 0
+        total = len(self.jobs)
+        while True:
+            unfinished = done < total
+            next_arrival = self.jobs[arrivals].arrival_s if arrivals < total else math.inf
+            next_event = self.events[0][0] if self.events else math.inf
+            next_decision = self._next_decision_s()
+            next_loss = self.next_preempt_s if unfinished else math.inf
+            at_s = min(next_arrival, next_event, next_decision, next_loss)
+            if at_s == math.inf:
+                break
+            self._advance(at_s)
+            while arrivals < total and self.jobs[arrivals].arrival_s <= at_s:
+                self._enqueue(self.jobs[arrivals])
+                arrivals += 1
+            while self.events and self.events[0][0] <= at_s:
+                _, _, kind, what = heapq.heappop(self.events)
+                if kind == _DONE:
+                    job, attempt = what
+                    before = job.done
+                    self._finish(job, attempt)
+                    done += job.done and not before
+                elif kind == _READY:
+                    self._ready(what)
+            if next_loss <= at_s:
+                self._preempt()
+                if self.next_preempt_s <= at_s:  # no count change redrew it
+                    self._spot_changed(0)
+            if self.pending:
+                self._place()
+            if next_decision <= at_s:
+                self._decide()
+            self._sample()
+        for node in list(self.nodes.values()):
+            self._remove(node)
+
+    def result(self, wall_s: float) -> Result:
+        gpu_pools = [p for p in self.pools if p.gpus > 0]
+        cheapest = min(p.price_per_hour_usd / p.gpus for p in gpu_pools)
+        on_demand = [
+            p.price_per_hour_usd / p.gpus
+            for p in gpu_pools
+            if p.capacity is CapacityClass.ON_DEMAND
+        ]
+        work_gpu_s = sum(j.gpus * j.duration_s for j in self.jobs)
+        lower = work_gpu_s * cheapest / 3600
+        od_cost = self.provisioned_gpu_s * min(on_demand) / 3600 if on_demand else None
+        waits = [j.waited_s for j in self.jobs if j.done]
+        start = self.jobs[0].arrival_s if self.jobs else 0.0
+        return Result(
+            policy=self.policy.name,
+            cost_usd=round(self.cost_usd, 2),
+            cost_over_lower_bound=round(self.cost_usd / lower, 4) if lower else math.nan,
+            utilisation=round(self.busy_gpu_s / self.provisioned_gpu_s, 4)
+            if self.provisioned_gpu_s
+            else 0.0,
+            wait_p50_s=_percentile(waits, 0.50),
+            wait_p95_s=_percentile(waits, 0.95),
+            wait_max_s=max(waits, default=0.0),
+            nodes_launched=self.launched,
+            saving_vs_on_demand=round(1 - self.cost_usd / od_cost, 4) if od_cost else None,
+            lower_bound_usd=round(lower, 2),
+            jobs=len(self.jobs),
+            jobs_unfinished=sum(1 for j in self.jobs if not j.done),
+            jobs_unschedulable=self.unschedulable,
+            preempted_nodes=self.preempted,
+            requeued_attempts=self.requeued,
+            lost_gpu_hours=round(self.lost_gpu_s / 3600, 2),
+            simulated_days=round((self.now_s - start) / 86400, 2),
+            wall_s=round(wall_s, 2),
+            series=self.series,
+        )
+
+
+def make_policy(name: str, trace: Sequence[TraceJob], pools: Sequence[PoolSpec]) -> SimPolicy:
+    if name == "spotrain":
+        return Spotrain()
+    if name == "naive":
+        return Naive()
+    if name == "ray":
+        return RayAutoscaler()
+    if name == "static":
+        start = min((j.arrival_s for j in trace), default=0.0)
+        end = max((j.arrival_s + j.duration_s for j in trace), default=0.0)
+        mean = sum(j.gpus * j.duration_s for j in trace) / max(end - start, 1.0)
+        bundles = max((len(split_bundles(j.gpus, pools)) for j in trace), default=1)
+        return Static.for_demand(pools, mean, bundles)
+    raise ValueError(f"unknown policy {name!r}; choose from {', '.join(POLICIES)}")
+
+
+def simulate(
+    trace: Sequence[TraceJob],
+    policy: str,
+    pools: Sequence[PoolSpec],
+    config: ScalerConfig,
+    *,
+    seed: int = 0,
+    preemption_rate_per_hour: float = 0.0,
+    preemption_group: int = 4,
+    interval_s: float = DECISION_INTERVAL_S,
+) -> Result:
+    """Replay the trace under one policy and return its figures."""
+    started = time.perf_counter()
+    sim = Simulation(
+        trace,
+        make_policy(policy, trace, pools),
+        pools,
+        config,
+        seed=seed,
+        preemption_rate_per_hour=preemption_rate_per_hour,
+        preemption_group=preemption_group,
+        interval_s=interval_s,
+    )
+    sim.run()
+    return sim.result(time.perf_counter() - started)
+
+
+def print_table(results: Sequence[Result]) -> None:
+    from rich.console import Console  # noqa: PLC0415  # only the table needs rich
+    from rich.table import Table  # noqa: PLC0415
+
+    table = Table(title="trace replay")
+    columns: list[tuple[str, Callable[[Result], str]]] = [
+        ("policy", lambda r: r.policy),
+        ("cost $", lambda r: f"{r.cost_usd:,.0f}"),
+        ("cost ÷ lower bound", lambda r: f"{r.cost_over_lower_bound:.3f}"),
+        ("utilisation", lambda r: f"{r.utilisation:.1%}"),
+        ("wait p50 s", lambda r: f"{r.wait_p50_s:.0f}"),
+        ("wait p95 s", lambda r: f"{r.wait_p95_s:.0f}"),
+        ("wait max s", lambda r: f"{r.wait_max_s:.0f}"),
+        ("nodes launched", lambda r: f"{r.nodes_launched:,}"),
+        (
+            "saving vs on-demand",
+            lambda r: "-" if r.saving_vs_on_demand is None else f"{r.saving_vs_on_demand:.1%}",
+        ),
+        ("preempted", lambda r: f"{r.preempted_nodes:,}"),
+        ("lost GPU-h", lambda r: f"{r.lost_gpu_hours:,.0f}"),
+        ("unfinished", lambda r: f"{r.jobs_unfinished:,}"),
+        ("wall s", lambda r: f"{r.wall_s:.1f}"),
+    ]
+    for title, _ in columns:
+        table.add_column(title, justify="left" if title == "policy" else "right")
+    for r in results:
+        table.add_row(*(cell(r) for _, cell in columns))
+    Console(width=max(Console().width, 200)).print(table)
+
+
+def write_plots(results: Sequence[Result], folder: Path) -> list[Path]:
+    """One PNG per policy: GPUs provisioned and busy over simulated days."""
+    import matplotlib as mpl  # noqa: PLC0415  # plots are optional: the dev extra has it
+
+    mpl.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    for r in results:
+        if not r.series:
+            continue
+        start = r.series[0][0]
+        days = [(t - start) / 86400 for t, _, _ in r.series]
+        fig, ax = plt.subplots(figsize=(12, 4))
+        ax.step(days, [p for _, p, _ in r.series], where="post", label="provisioned GPUs")
+        ax.step(days, [b for _, _, b in r.series], where="post", label="busy GPUs")
+        ax.set_xlabel("days")
+        ax.set_ylabel("GPUs")
+        ax.set_title(
+            f"{r.policy}: utilisation {r.utilisation:.1%}, "
+            f"cost ÷ lower bound {r.cost_over_lower_bound:.2f}"
+        )
+        ax.legend(loc="upper right")
+        path = folder / f"{r.policy}.png"
+        fig.savefig(path, dpi=100, bbox_inches="tight")
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="spotrain simulate", description=(__doc__ or "").splitlines()[0]
+    )
+    p.add_argument("--trace", type=Path, required=True, help="CSV in the Philly trace format")
+    p.add_argument(
+        "--policy",
+        default="spotrain",
+        help=f"comma-separated, any of: {','.join(POLICIES)} (or 'all')",
+    )
+    p.add_argument("--pools", type=Path, help="TOML of [[pool]] tables and optional [scaler]")
+    p.add_argument("--json", action="store_true", help="one JSON object per policy")
+    p.add_argument("--plots", type=Path, help="folder for PNGs of provisioned vs busy GPUs")
+    p.add_argument("--limit", type=int, help="replay only the first N jobs")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--preemption-rate-per-hour", type=float, default=0.0,
+                   help="spot node losses per node-hour (0 = none)")  # fmt: skip
+    p.add_argument("--preemption-group", type=int, default=4,
+                   help="nodes of one pool lost together")  # fmt: skip
+    p.add_argument("--interval-s", type=float, default=DECISION_INTERVAL_S)
+    return p
+
+
+def run_policies(args: argparse.Namespace) -> list[Result]:
+    names = POLICIES if args.policy == "all" else tuple(args.policy.split(","))
+    for name in names:
+        if name not in POLICIES:
+            raise SystemExit(f"unknown policy {name!r}; choose from {', '.join(POLICIES)}")
+    trace = read_trace(args.trace, args.limit)
+    pools, config = load_pools(args.pools)
+    return [
+        simulate(
+            trace,
+            name,
+            pools,
+            config,
+            seed=args.seed,
+            preemption_rate_per_hour=args.preemption_rate_per_hour,
+            preemption_group=args.preemption_group,
+            interval_s=args.interval_s,
+        )
+        for name in names
+    ]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        results = run_policies(args)
+    except (OSError, ValueError, tomllib.TOMLDecodeError) as error:
+        # A bad file or value is the user's to fix: one line, no traceback.
+        print(f"spotrain simulate: error: {error}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps([{"policy": r.policy} | r.figures() for r in results], indent=2))
+    else:
+        print_table(results)
+    if args.plots is not None:
+        for path in write_plots(results, args.plots):
+            print(f"wrote {path}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
