@@ -117,9 +117,8 @@ def main() -> None:
     pools, views, demands = snapshot(small_jobs, small_nodes)
     ours_small = [ours(pools, views, demands) for _ in range(args.rounds)]
     ray_small = [rays(pools, views, demands) for _ in range(max(1, args.rounds // 2))]
-    print(
-        f"at {small_jobs} jobs: ours {statistics.median(ours_small) * 1000:.0f} ms, ray {statistics.median(ray_small) * 1000:.0f} ms"
-    )
+    ours_ms, ray_ms = statistics.median(ours_small) * 1000, statistics.median(ray_small) * 1000
+    print(f"at {small_jobs} jobs: ours {ours_ms:.0f} ms, ray {ray_ms:.0f} ms")
     print(f"jobs: {args.jobs}")
     print(f"nodes: {args.nodes}")
     print(f"decision_ms_median: {statistics.median(ours_s) * 1000:.1f}")
