@@ -131,6 +131,8 @@ class _FreeRoom:
 class _Packing:
     room: _FreeRoom
     shapes: dict[str, Room]
+    empty_nodes: dict[str, _Slot]
+    """A fresh node of each pool, to ask whether a bundle could ever fit; never mutated."""
     launches: dict[str, int] = field(default_factory=dict)
     cost_per_hour_usd: float = 0.0
 
@@ -155,6 +157,7 @@ def plan(
     packing = _Packing(
         room=_FreeRoom(),
         shapes={p.name: p.shape for p in pools},
+        empty_nodes={p.name: _Slot.of(p.name, p.shape, new=True) for p in pools},
         cost_per_hour_usd=sum(by_name[n.pool].price_per_hour_usd for n in known),
     )
     for slot in slots:
@@ -226,7 +229,7 @@ def _place(
     detail = "no allowed pool has a node shape that holds its bundles"
     would_grow: str | None = None
     for pool in candidates:
-        empty_node = _Slot.of(pool.name, packing.shapes[pool.name], new=True)
+        empty_node = packing.empty_nodes[pool.name]
         if not all(empty_node.holds(b) for b in bundles):
             continue
         trial = _Trial(packing.room)
