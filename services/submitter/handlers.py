@@ -5,7 +5,8 @@ from the job and attempt, and Ray refuses a second job with the same submission 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import asyncio
+from dataclasses import dataclass, field
 
 import structlog
 
@@ -46,6 +47,9 @@ class Deps:
     quotas: Quotas
     checkpoint_root: str
     """Each job checkpoints under `<checkpoint_root>/<job_id>`."""
+    admission: asyncio.Lock = field(default_factory=asyncio.Lock)
+    """Admissions one at a time: two requests of one owner handled at once would each see
+    the other's GPUs as free. (One submitter replica; several would need a shared count.)"""
 
 
 async def on_job_requested(event: Event[JobRequested], deps: Deps) -> None:
@@ -127,6 +131,11 @@ _LIVE = (AttemptState.SUBMITTED, AttemptState.RUNNING)
 
 
 async def _admit(event: Event[JobRequested], deps: Deps) -> tuple[JobRecord, Revision]:
+    async with deps.admission:
+        return await _admit_alone(event, deps)
+
+
+async def _admit_alone(event: Event[JobRequested], deps: Deps) -> tuple[JobRecord, Revision]:
     request = event.data
     in_use = sum(
         record.gpus

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +80,15 @@ async def test_an_owners_running_jobs_count_against_the_next_request(deps: Deps)
     await on_job_requested(job_requested("job-a", worker={"gpus": 3}), deps)
     await on_job_requested(job_requested("job-b", worker={"gpus": 2}), deps)
     assert types(deps) == ["accepted", "queued", "rejected"]
+
+
+async def test_two_requests_of_one_owner_at_once_cannot_both_pass_the_quota(deps: Deps) -> None:
+    """Each asks for 3 of the owner's 4 GPUs: handled concurrently, only one may start."""
+    await asyncio.gather(
+        on_job_requested(job_requested("job-p", worker={"gpus": 3}), deps),
+        on_job_requested(job_requested("job-q", worker={"gpus": 3}), deps),
+    )
+    assert sorted(types(deps)) == ["accepted", "queued", "rejected"]
 
 
 async def test_a_job_id_reused_by_another_request_is_unhandleable(deps: Deps) -> None:
