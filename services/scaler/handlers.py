@@ -10,7 +10,7 @@ from typing import Any
 import structlog
 
 from services.scaler import policy
-from services.scaler.model import BlockedReason, Demand, NodeView, PoolSpec, ScalePlan, ScalerConfig
+from services.scaler.model import BlockedReason, Demand, PoolSpec, ScalePlan, ScalerConfig
 from services.scaler.ports import ClusterObserver, DemandStore, PoolProvider, StatusBoard
 from shared.clock import Clock
 from shared.events import Event, EventData, new_event
@@ -72,18 +72,7 @@ async def reconcile(deps: Deps) -> ScalePlan:
     observed = await deps.observer.nodes()
     by_pool = {p.name: p for p in deps.pools}
     now = deps.clock.now()
-    views = [
-        NodeView(
-            name=n.name,
-            pool=n.pool,
-            ready=n.name in observed,
-            free=observed[n.name].free if n.name in observed else by_pool[n.pool].shape,
-            idle_s=observed[n.name].idle_s if n.name in observed else 0.0,
-            age_s=max(0.0, (now - n.launched_at).total_seconds()),
-        )
-        for n in provided
-        if n.pool in by_pool
-    ]
+    views = policy.node_views(deps.pools, provided, observed, now)
     demands = await deps.demand.all()
     decided = policy.plan(deps.pools, views, demands, deps.config, now)
     await deps.status.publish_status(

@@ -40,6 +40,22 @@ class PoolSpec(Frozen):
         )
 
 
+class ProvidedNode(Frozen):
+    """A node a provider launched and has not released, whether or not it joined Ray."""
+
+    name: str
+    pool: str
+    launched_at: AwareDatetime
+
+
+class ObservedNode(Frozen):
+    """A live node as Ray sees it."""
+
+    name: str
+    free: Room
+    idle_s: float
+
+
 class NodeView(Frozen):
     """One node as the scaler sees it: launched by a provider, maybe already in Ray."""
 

@@ -5,7 +5,7 @@ reason. No I/O, no clock (`now` is an argument), no ids."""
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -14,8 +14,10 @@ from services.scaler.model import (
     BlockedReason,
     Demand,
     NodeView,
+    ObservedNode,
     PoolPlan,
     PoolSpec,
+    ProvidedNode,
     Reason,
     Room,
     ScalePlan,
@@ -25,6 +27,33 @@ from shared.events.types import Bundle, CapacityClass
 from shared.pools import PoolsStatus, PoolStatus
 
 _EPSILON = 1e-9
+
+
+def node_views(
+    pools: Sequence[PoolSpec],
+    provided: Sequence[ProvidedNode],
+    observed: Mapping[str, ObservedNode],
+    now: datetime,
+) -> list[NodeView]:
+    """The scaler's view of each node: a launched node not yet in Ray is booting, with all of
+    its shape free; nodes of pools no longer configured are left out."""
+    shapes = {p.name: p.shape for p in pools}
+    views = []
+    for node in provided:
+        if node.pool not in shapes:
+            continue
+        seen = observed.get(node.name)
+        views.append(
+            NodeView(
+                name=node.name,
+                pool=node.pool,
+                ready=seen is not None,
+                free=seen.free if seen else shapes[node.pool],
+                idle_s=seen.idle_s if seen else 0.0,
+                age_s=max(0.0, (now - node.launched_at).total_seconds()),
+            )
+        )
+    return views
 
 
 def eligible_pools(

@@ -4,27 +4,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from pydantic import AwareDatetime
-
-from services.scaler.model import Demand, PoolSpec, Room
-from shared.events.types import Frozen
+from services.scaler.model import Demand, ObservedNode, PoolSpec, ProvidedNode
 from shared.pools import PoolsStatus
-
-
-class ProvidedNode(Frozen):
-    """A node a provider launched and has not released, whether or not it joined Ray."""
-
-    name: str
-    pool: str
-    launched_at: AwareDatetime
-
-
-class ObservedNode(Frozen):
-    """A live node as Ray sees it."""
-
-    name: str
-    free: Room
-    idle_s: float
 
 
 class PoolProvider(Protocol):
@@ -68,3 +49,6 @@ class StatusBoard(Protocol):
     """Where the scaler posts the pools' status for clients; last write wins."""
 
     async def publish_status(self, status: PoolsStatus) -> None: ...
+
+
+__all__ = ["ObservedNode", "ProvidedNode"]

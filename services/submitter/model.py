@@ -4,7 +4,6 @@ The job record itself is public (clients read the bucket) and lives in `shared.j
 
 from __future__ import annotations
 
-from datetime import datetime
 from enum import StrEnum
 
 from shared.events.types import Frozen
@@ -26,7 +25,6 @@ class RayJobStatus(Frozen):
     message: str | None = None
     error_type: str | None = None
     exit_code: int | None = None
-    start_time: datetime | None = None
 
 
 class SubmissionPlan(Frozen):

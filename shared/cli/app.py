@@ -102,7 +102,6 @@ def _print_statuses(statuses: list[stack.ComponentStatus]) -> None:
     table = Table("component", "state", "pid", "endpoint")
     colours = {
         stack.State.HEALTHY: "green",
-        stack.State.STARTING: "yellow",
         stack.State.UNHEALTHY: "red",
         stack.State.STOPPED: "dim",
     }

@@ -38,7 +38,6 @@ class StackError(RuntimeError):
 
 class State(StrEnum):
     HEALTHY = "healthy"
-    STARTING = "starting"
     UNHEALTHY = "unhealthy"
     STOPPED = "stopped"
 

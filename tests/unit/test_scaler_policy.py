@@ -12,11 +12,13 @@ from services.scaler.model import (
     BlockedReason,
     Demand,
     NodeView,
+    ObservedNode,
     PoolSpec,
+    ProvidedNode,
     Reason,
     ScalerConfig,
 )
-from services.scaler.policy import plan
+from services.scaler.policy import node_views, plan
 from shared.events.types import Bundle, CapacityClass
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
@@ -201,3 +203,18 @@ def test_a_pool_that_just_launched_holds_while_it_settles() -> None:
     assert [b.reason for b in decided.blocked] == [BlockedReason.SETTLING]
     settled = fresh.model_copy(update={"age_s": 60})
     assert plan(POOLS, [settled], [demand(gpus=2)], CONFIG, NOW).target("gpu-spot") == 2
+
+
+def test_a_launched_node_not_yet_in_ray_counts_as_booting_with_all_its_room() -> None:
+    provided = [
+        ProvidedNode(name="s1", pool="gpu-spot", launched_at=NOW - timedelta(seconds=90)),
+        ProvidedNode(name="s2", pool="gpu-spot", launched_at=NOW - timedelta(seconds=5)),
+        ProvidedNode(name="gone", pool="retired-pool", launched_at=NOW),
+    ]
+    busy = SPOT.shape.model_copy(update={"gpus": 0})
+    observed = {"s1": ObservedNode(name="s1", free=busy, idle_s=0)}
+    views = node_views(POOLS, provided, observed, NOW)
+    assert [(v.name, v.ready, v.free.gpus, v.age_s) for v in views] == [
+        ("s1", True, 0, 90.0),
+        ("s2", False, 2, 5.0),
+    ]

@@ -4,7 +4,6 @@ declares its GPUs and its pool's resources. Killing one is a real preemption."""
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 from collections.abc import Mapping
 from datetime import UTC, datetime
@@ -102,7 +101,3 @@ def _pool_of(path: Path) -> str:
     if marker.exists():
         return marker.read_text().strip()
     return re.sub(r"-\d+$", "", path.stem)
-
-
-def describe(nodes: list[ProvidedNode]) -> str:
-    return json.dumps({n.name: n.pool for n in nodes}, sort_keys=True)
