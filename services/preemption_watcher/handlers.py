@@ -1,25 +1,55 @@
-"""The watcher's reactions to events; the SUBSCRIPTIONS table at the bottom says which.
-
-Until the preemption sources land, the watcher logs the nodes it would watch.
-"""
+"""The watcher's work: relay each source's signals onto the bus as `node.preempting` and
+`node.lost`; the SUBSCRIPTIONS table at the bottom says which bus events it follows."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import asyncio
+from collections import OrderedDict
+from dataclasses import dataclass, field
 
 import structlog
 
-from shared.events import Event, EventData
+from services.preemption_watcher.model import NodeSignal
+from services.preemption_watcher.ports import SignalSource
+from shared.clock import Clock
+from shared.events import Event, EventData, new_event
 from shared.events.data import NodeJoined
 from shared.messaging import EventPublisher, HandlerWithDeps
 
 SERVICE = "preemption_watcher"
 log = structlog.get_logger()
 
+_REMEMBERED = 10_000
+"""Signal keys kept to drop repeats older than the bus's de-duplication window."""
 
-@dataclass(frozen=True)
+
+@dataclass
 class Deps:
     bus: EventPublisher
+    clock: Clock
+    relayed: OrderedDict[str, None] = field(default_factory=OrderedDict)
+
+
+async def relay(source: SignalSource, deps: Deps, stop: asyncio.Event) -> None:
+    """Publish every signal of `source` until `stop`; the runtime restarts it if it fails."""
+    async for signal in source.signals(stop):
+        await publish_signal(signal, deps, source=source.name)
+
+
+async def publish_signal(signal: NodeSignal, deps: Deps, *, source: str) -> None:
+    data = signal.data
+    if signal.event_id in deps.relayed:
+        log.debug("node.signal_repeated", node=data.node, key=signal.key)
+        return
+    await deps.bus.publish(
+        new_event(
+            data, source=f"{SERVICE}/{source}", time=deps.clock.now(), event_id=signal.event_id
+        )
+    )
+    deps.relayed[signal.event_id] = None
+    while len(deps.relayed) > _REMEMBERED:
+        deps.relayed.popitem(last=False)
+    log.info(f"node.{data.event}", node=data.node, pool=data.pool, source=data.source.value)
 
 
 async def on_node_joined(event: Event[NodeJoined], deps: Deps) -> None:

@@ -36,12 +36,24 @@ class Ticker:
 
 
 @dataclass(frozen=True)
+class Watch:
+    """A long-running loop over an outside source (a Pub/Sub subscription, a Kubernetes
+    watch, a folder); it returns once `stop` is set. One that fails is started again after
+    a pause, since outside sources drop connections as a matter of course."""
+
+    name: str
+    run: Callable[[asyncio.Event], Awaitable[None]]
+    restart_after_s: float = 2.0
+
+
+@dataclass(frozen=True)
 class ServiceDefinition:
     """What a service's bootstrap hands to the runtime."""
 
     name: str
     subscriptions: Sequence[Subscription] = ()
     tickers: Sequence[Ticker] = field(default_factory=tuple)
+    watches: Sequence[Watch] = field(default_factory=tuple)
 
 
 class RuntimeSettings(BaseSettings):
@@ -96,6 +108,7 @@ async def serve(
                 group.create_task(bus.consume(s, consumers_stop)) for s in definition.subscriptions
             ]
             tasks += [group.create_task(_every(t, consumers_stop)) for t in definition.tickers]
+            tasks += [group.create_task(_keep(w, consumers_stop)) for w in definition.watches]
             await stop.wait()
             log_.info("service.stopping", grace_period_s=runtime.grace_period_s)
             consumers_stop.set()
@@ -118,6 +131,16 @@ async def _every(ticker: Ticker, stop: asyncio.Event) -> None:
             log.exception("ticker.failed", ticker=ticker.name)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), timeout=ticker.interval_s)
+
+
+async def _keep(watch: Watch, stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        try:
+            await watch.run(stop)
+        except Exception:  # the source dropped us; start over after a pause
+            log.exception("watch.failed", watch=watch.name)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), timeout=watch.restart_after_s)
 
 
 def run(

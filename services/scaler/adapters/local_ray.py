@@ -11,6 +11,7 @@ from pathlib import Path
 
 from services.scaler.model import PoolSpec
 from services.scaler.ports import ProvidedNode
+from shared.localstack.nodes import NodeFolder
 from shared.localstack.ports import free_port_block
 from shared.localstack.processes import ProcessRecord, is_running, stop_session
 from shared.localstack.ray_nodes import PORT_BLOCK, NodePorts, NodeShape, start_worker
@@ -26,6 +27,7 @@ class LocalPoolProvider:
     ) -> None:
         self._gcs_address = gcs_address
         self._state_dir = state_dir
+        self._folder = NodeFolder(state_dir)
         self._log_dir = log_dir
         self._env = dict(env)
 
@@ -64,6 +66,7 @@ class LocalPoolProvider:
                 index += 1
             name = f"{pool.name}-{index}"
             taken.add(name)
+            self._folder.forget(name)  # a notice or release mark of an earlier namesake
             shape = NodeShape(
                 num_cpus=pool.cpus,
                 num_gpus=pool.gpus,
@@ -89,6 +92,8 @@ class LocalPoolProvider:
     def _release(self, node: str) -> None:
         path = self._state_dir / f"{node}.json"
         record = ProcessRecord.load(path)
+        # Said before it stops, so that the watcher does not report the exit as a loss.
+        self._folder.mark_released(node)
         if record is not None:
             # A drained node hands its work back; gcs-side cleanup follows its exit.
             stop_session(record.pid, grace_s=5)

@@ -1,0 +1,1 @@
+"""Preemption sources, each behind `SignalSource`: one kind of notice into `NodeSignal`s."""

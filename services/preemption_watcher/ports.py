@@ -1,0 +1,25 @@
+"""Where preemption signals come from: one port, a source per kind of notice."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Protocol
+
+from services.preemption_watcher.model import NodeSignal
+
+
+class SignalSource(Protocol):
+    """A stream of node signals from one place (GCE via Pub/Sub, Kubernetes, this machine).
+
+    At least once: a signal is acknowledged at its source only when the consumer asks for
+    the next one, that is after the consumer has published it; a crash in between means it
+    is delivered again, with the same key.
+    """
+
+    @property
+    def name(self) -> str: ...
+
+    def signals(self, stop: asyncio.Event) -> AsyncIterator[NodeSignal]:
+        """Signals as they come, until `stop` is set."""
+        ...
