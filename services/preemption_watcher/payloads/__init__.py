@@ -1,1 +1,1 @@
-"""Pure translations of the clouds' own payloads (GCE log entries, Kubernetes Nodes) into signals."""
+"""Pure translations of cloud payloads (GCE log entries, Kubernetes Nodes) into signals."""
