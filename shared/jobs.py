@@ -7,8 +7,8 @@ from enum import StrEnum
 
 from pydantic import AwareDatetime, Field
 
-from shared.events.data import JobRequested, RejectionReason
-from shared.events.types import Frozen
+from shared.events.data import InterruptionCause, JobRequested, RejectionReason
+from shared.events.types import CapacityClass, Frozen
 
 
 def jobs_bucket(prefix: str) -> str:
@@ -39,6 +39,7 @@ class AttemptState(StrEnum):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     LOST = "lost"
+    """Its capacity went away under it (preempted, node lost): not the job's fault."""
     STOPPED = "stopped"
 
 
@@ -60,6 +61,16 @@ class Attempt(Frozen):
     step: int | None = None
     """The last training step the attempt reported."""
     metrics: dict[str, float] = Field(default_factory=dict)
+    nodes: tuple[str, ...] = ()
+    """The nodes it runs on, as far as Ray told (its driver's node)."""
+    pool: str | None = None
+    capacity: CapacityClass | None = None
+    """The capacity it was pinned to, when the checkpointer moved it off the requested one."""
+    resumed_from: str | None = None
+    """The checkpoint it resumes from; None for a fresh start."""
+    from_step: int = 0
+    cause: InterruptionCause | None = None
+    """Why a LOST attempt was lost."""
 
 
 class JobRecord(Frozen):
@@ -74,6 +85,8 @@ class JobRecord(Frozen):
     rejection: RejectionReason | None = None
     detail: str | None = None
     cancel_requested: bool = False
+    checkpoint_uri: str | None = None
+    """Where the job checkpoints and reports progress (`<checkpoint root>/<job id>`)."""
 
     @property
     def job_id(self) -> str:
@@ -90,3 +103,11 @@ class JobRecord(Frozen):
     @property
     def is_active(self) -> bool:
         return self.state not in TERMINAL_STATES
+
+    @property
+    def interruptions(self) -> int:
+        """Attempts whose capacity went away under them."""
+        return sum(1 for attempt in self.attempts if attempt.state is AttemptState.LOST)
+
+    def capacity_of(self, attempt: Attempt) -> CapacityClass:
+        return attempt.capacity or self.request.capacity

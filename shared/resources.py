@@ -19,3 +19,9 @@ def capacity_resource(capacity: CapacityClass) -> str | None:
 
 def pool_resource(pool: str) -> str:
     return f"spotrain-pool-{pool}"
+
+
+# Ray node labels the providers set, so that any service can name a Ray node as the platform
+# does (its pool's node name, which is the GKE node name on GKE).
+NODE_LABEL = "spotrain-node"
+POOL_LABEL = "spotrain-pool"

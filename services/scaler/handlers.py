@@ -63,7 +63,15 @@ async def on_job_queued(event: Event[JobQueued], deps: Deps) -> None:
 
 async def on_job_settled(event: Event[Any], deps: Deps) -> None:
     """The attempt started or ended: its demand is no longer pending."""
-    await deps.demand.remove(event.data.job_id)
+    await deps.demand.remove(event.data.job_id, event.data.attempt)
+
+
+async def on_job_cancelled(event: Event[JobCancelled], deps: Deps) -> None:
+    """A cancelled job has no pending demand, whichever attempt it was at."""
+    await deps.demand.remove(event.data.job_id, attempt=_EVERY_ATTEMPT)
+
+
+_EVERY_ATTEMPT = 1_000_000
 
 
 async def reconcile(deps: Deps) -> ScalePlan:
@@ -146,6 +154,6 @@ SUBSCRIPTIONS: dict[type[EventData], HandlerWithDeps[Deps]] = {
     JobStarted: on_job_settled,
     JobSucceeded: on_job_settled,
     JobFailed: on_job_settled,
-    JobCancelled: on_job_settled,
+    JobCancelled: on_job_cancelled,
     JobInterrupted: on_job_settled,
 }

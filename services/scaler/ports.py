@@ -38,9 +38,14 @@ class ClusterObserver(Protocol):
 class DemandStore(Protocol):
     """Pending demand, in a bucket the scaler alone writes, so a restart loses none."""
 
-    async def put(self, demand: Demand) -> None: ...
+    async def put(self, demand: Demand) -> None:
+        """Store a job's pending demand, unless a later attempt's is already stored."""
+        ...
 
-    async def remove(self, job_id: str) -> None: ...
+    async def remove(self, job_id: str, attempt: int) -> None:
+        """Drop the job's demand if it is for `attempt` or an earlier one: a late event of
+        a lost attempt must not drop the demand of the attempt that resumes it."""
+        ...
 
     async def all(self) -> list[Demand]: ...
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import structlog
 
 from services.submitter import policy
-from services.submitter.model import Attempt, AttemptState, JobRecord, JobState
+from services.submitter.model import Attempt, AttemptState, JobRecord, JobState, RayJobState
 from services.submitter.policy import Quotas, Reason, Transition
 from services.submitter.ports import (
     JobStore,
@@ -26,11 +26,13 @@ from shared.events import Event, EventData, new_event
 from shared.events.data import (
     JobAccepted,
     JobCancelRequested,
+    JobFailed,
     JobRejected,
     JobRequested,
+    JobResumed,
     RejectionReason,
 )
-from shared.messaging import EventPublisher, HandlerWithDeps, Unhandleable
+from shared.messaging import EventPublisher, HandlerWithDeps, RetryLater, Unhandleable
 
 SERVICE = "submitter"
 log = structlog.get_logger()
@@ -77,7 +79,7 @@ async def on_job_requested(event: Event[JobRequested], deps: Deps) -> None:
         f"accepted-{record.job_id}",
     )
     first = record.attempts[0]
-    await _publish(deps, policy.queued_event(record, first.number), f"queued-{record.job_id}-1")
+    await _publish(deps, policy.queued_event(record, first), f"queued-{record.job_id}-1")
     if record.current is first and first.state is AttemptState.SUBMITTED:
         await _submit(record, first, deps)
     log.info("job.queued", owner=request.owner, gpus=record.gpus)
@@ -97,6 +99,52 @@ async def on_job_cancel_requested(event: Event[JobCancelRequested], deps: Deps) 
     log.info("job.cancel_requested", requested_by=event.data.requested_by)
 
 
+async def on_job_resumed(event: Event[JobResumed], deps: Deps) -> None:
+    """Carry out the checkpointer's decision: stop what is left of the lost attempt, record
+    the next one, and submit it from the checkpoint. A repeat only repairs missing steps."""
+    resumed = event.data
+    found = await deps.store.get(resumed.job_id)
+    if found is None:
+        msg = f"no job {resumed.job_id} to resume"
+        raise Unhandleable(msg)
+    record, revision = found
+    lost = record.current
+    transition = policy.resume(record, resumed, deps.clock.now())
+    if transition.reason is Reason.RESUMED and lost is not None and lost.state in _LIVE:
+        # Whatever survives of it (a driver on a live node, a half-dead job) must not
+        # write checkpoints beside the next attempt.
+        await deps.ray.stop(lost.submission_id)
+    if await _apply(transition, revision, deps) is None:
+        raise RetryLater(0.2, f"job {resumed.job_id} moved on while it was being resumed")
+    attempt = transition.record.current
+    if (
+        attempt is not None
+        and attempt.number == resumed.attempt
+        and attempt.state is AttemptState.SUBMITTED
+        and transition.record.is_active
+    ):
+        await _submit(transition.record, attempt, deps)
+        log.info(
+            "job.resumed",
+            attempt=attempt.number,
+            from_step=resumed.from_step,
+            capacity=resumed.capacity.value,
+        )
+
+
+async def on_job_failed(event: Event[JobFailed], deps: Deps) -> None:
+    """The checkpointer gave up on a job; the submitter's own `job.failed` is a no-op here."""
+    found = await deps.store.get(event.data.job_id)
+    if found is None:
+        return
+    record, revision = found
+    lost = record.current
+    transition = policy.abandon(record, event.data, deps.clock.now())
+    if transition.reason is Reason.ABANDONED and lost is not None and lost.state in _LIVE:
+        await deps.ray.stop(lost.submission_id)
+    await _apply(transition, revision, deps)
+
+
 async def track_attempts(deps: Deps) -> None:
     """One pass over active jobs: ask Ray about each current attempt, record what changed.
 
@@ -112,7 +160,14 @@ async def track_attempts(deps: Deps) -> None:
 
 async def _track(record: JobRecord, attempt: Attempt, revision: Revision, deps: Deps) -> None:
     status = await deps.ray.status(attempt.submission_id)
-    transition = policy.on_ray_status(record, status, deps.clock.now())
+    asked_to_stop = False
+    if status is not None and status.state is RayJobState.FAILED:
+        asked_to_stop = await deps.progress.checkpoint_requested(
+            _checkpoint_uri(record, deps), attempt.number
+        )
+    transition = policy.on_ray_status(
+        record, status, deps.clock.now(), checkpoint_requested=asked_to_stop
+    )
     if transition.reason is Reason.NOT_SUBMITTED:
         # Accepted, but the process died before Ray heard of the attempt.
         await _submit(record, attempt, deps)
@@ -121,8 +176,7 @@ async def _track(record: JobRecord, attempt: Attempt, revision: Revision, deps: 
         await deps.ray.stop(attempt.submission_id)
     new_revision = await _apply(transition, revision, deps)
     if new_revision is not None and transition.record.state is JobState.RUNNING:
-        uri = policy.checkpoint_uri(deps.checkpoint_root, record.job_id)
-        report = await deps.progress.latest(uri)
+        report = await deps.progress.latest(_checkpoint_uri(record, deps))
         progressed = policy.on_progress(transition.record, report, deps.clock.now())
         await _apply(progressed, new_revision, deps)
 
@@ -143,7 +197,13 @@ async def _admit_alone(event: Event[JobRequested], deps: Deps) -> tuple[JobRecor
         if record.is_active and record.request.owner == request.owner
     )
     decision = policy.admit(request, owner_gpus_in_use=in_use, quotas=deps.quotas)
-    record = policy.new_record(request, event.id, decision, deps.clock.now())
+    record = policy.new_record(
+        request,
+        event.id,
+        decision,
+        deps.clock.now(),
+        checkpoint_uri=policy.checkpoint_uri(deps.checkpoint_root, request.job_id),
+    )
     revision = await deps.store.create(record)
     if revision is None:
         # Another delivery of the same request got there first; carry on from its record.
@@ -159,14 +219,14 @@ async def _submit(record: JobRecord, attempt: Attempt, deps: Deps) -> None:
     working_dir = None
     if record.request.working_dir is not None:
         working_dir = await deps.workspaces.unpack(record.request.working_dir)
-    plan = policy.plan_submission(
-        record,
-        attempt.number,
-        checkpoint_uri=policy.checkpoint_uri(deps.checkpoint_root, record.job_id),
-        resume_from=None,
-    )
+    plan = policy.plan_submission(record, attempt, checkpoint_uri=_checkpoint_uri(record, deps))
     await deps.ray.submit(plan, working_dir)
     log.info("attempt.submitted", submission_id=plan.submission_id)
+
+
+def _checkpoint_uri(record: JobRecord, deps: Deps) -> str:
+    # Records written before the record carried its URI fall back to the root's layout.
+    return record.checkpoint_uri or policy.checkpoint_uri(deps.checkpoint_root, record.job_id)
 
 
 async def _apply(transition: Transition, revision: Revision, deps: Deps) -> Revision | None:
@@ -203,4 +263,6 @@ async def _publish(deps: Deps, data: EventData, key: str) -> None:
 SUBSCRIPTIONS: dict[type[EventData], HandlerWithDeps[Deps]] = {
     JobRequested: on_job_requested,
     JobCancelRequested: on_job_cancel_requested,
+    JobResumed: on_job_resumed,
+    JobFailed: on_job_failed,
 }

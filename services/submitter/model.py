@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from enum import StrEnum
 
+from pydantic import Field
+
 from shared.events.types import Frozen
 from shared.jobs import TERMINAL_STATES, Attempt, AttemptState, FailureKind, JobRecord, JobState
 
@@ -25,6 +27,9 @@ class RayJobStatus(Frozen):
     message: str | None = None
     error_type: str | None = None
     exit_code: int | None = None
+    node: str | None = None
+    """The platform's name of the node its driver runs on, once Ray has placed it."""
+    pool: str | None = None
 
 
 class SubmissionPlan(Frozen):
@@ -36,6 +41,9 @@ class SubmissionPlan(Frozen):
     entrypoint_num_gpus: float
     entrypoint_memory_bytes: int
     entrypoint_resources: dict[str, float]
+    entrypoint_label_selector: dict[str, str] = Field(default_factory=dict)
+    """Ray node labels the driver's node must match: a resumed attempt avoids the nodes
+    its job lost, which Ray may still count as alive for a few seconds."""
     env_vars: dict[str, str]
     pip: tuple[str, ...]
     metadata: dict[str, str]

@@ -30,12 +30,13 @@ from shared.events.data import (
     JobProgress,
     JobQueued,
     JobRequested,
+    JobResumed,
     JobStarted,
     JobSucceeded,
     RejectionReason,
 )
 from shared.events.types import Bundle, Frozen
-from shared.resources import RESOURCE_PER_JOB, capacity_resource
+from shared.resources import NODE_LABEL, RESOURCE_PER_JOB, capacity_resource
 
 
 class Quotas(Frozen):
@@ -76,7 +77,12 @@ def admit(request: JobRequested, *, owner_gpus_in_use: int, quotas: Quotas) -> A
 
 
 def new_record(
-    request: JobRequested, request_event_id: str, decision: Admission, now: datetime
+    request: JobRequested,
+    request_event_id: str,
+    decision: Admission,
+    now: datetime,
+    *,
+    checkpoint_uri: str,
 ) -> JobRecord:
     """The first record of a job: rejected with its reason, or queued with attempt 1."""
     if isinstance(decision, Reject):
@@ -88,6 +94,7 @@ def new_record(
             updated_at=now,
             rejection=decision.reason,
             detail=decision.detail,
+            checkpoint_uri=checkpoint_uri,
         )
     first = Attempt(number=1, submission_id=submission_id(request.job_id, 1), submitted_at=now)
     return JobRecord(
@@ -97,6 +104,7 @@ def new_record(
         accepted_at=now,
         updated_at=now,
         attempts=(first,),
+        checkpoint_uri=checkpoint_uri,
     )
 
 
@@ -114,39 +122,40 @@ def checkpoint_uri(checkpoint_root: str, job_id: str) -> str:
     return f"{checkpoint_root.rstrip('/')}/{job_id}"
 
 
-def queued_event(record: JobRecord, attempt: int) -> JobQueued:
+def queued_event(record: JobRecord, attempt: Attempt) -> JobQueued:
     request = record.request
     return JobQueued(
         job_id=request.job_id,
-        attempt=attempt,
+        attempt=attempt.number,
         bundles=bundles_of(request),
-        capacity=request.capacity,
+        capacity=record.capacity_of(attempt),
         priority=request.priority,
     )
 
 
-def plan_submission(
-    record: JobRecord, attempt: int, *, checkpoint_uri: str, resume_from: str | None
-) -> SubmissionPlan:
+def plan_submission(record: JobRecord, attempt: Attempt, *, checkpoint_uri: str) -> SubmissionPlan:
     """What Ray gets for one attempt: a quoted command, its pinning, the training contract."""
     request = record.request
     single_node = request.num_workers == 1
-    pin = capacity_resource(request.capacity)
+    pin = capacity_resource(record.capacity_of(attempt))
     env = {
         **request.env,
         "SPOTRAIN_JOB_ID": request.job_id,
-        "SPOTRAIN_ATTEMPT": str(attempt),
+        "SPOTRAIN_ATTEMPT": str(attempt.number),
         "SPOTRAIN_CHECKPOINT_URI": checkpoint_uri,
         "SPOTRAIN_NUM_WORKERS": str(request.num_workers),
         "SPOTRAIN_GPUS_PER_WORKER": str(request.worker.gpus),
     }
-    if resume_from:
-        env["SPOTRAIN_RESUME_FROM"] = resume_from
-    metadata = {"job_id": request.job_id, "attempt": str(attempt), "owner": request.owner}
+    if attempt.resumed_from:
+        env["SPOTRAIN_RESUME_FROM"] = attempt.resumed_from
+    metadata = {"job_id": request.job_id, "attempt": str(attempt.number), "owner": request.owner}
+    lost = sorted(
+        {node for a in record.attempts if a.state is AttemptState.LOST for node in a.nodes}
+    )
     if request.experiment:
         metadata["experiment"] = request.experiment
     return SubmissionPlan(
-        submission_id=submission_id(request.job_id, attempt),
+        submission_id=attempt.submission_id,
         # An argv list, quoted here: no user string reaches a shell unquoted.
         entrypoint=shlex.join(request.entrypoint),
         # A single-node job's driver is its worker; a multi-node driver only coordinates
@@ -155,6 +164,7 @@ def plan_submission(
         entrypoint_num_gpus=request.worker.gpus if single_node else 0,
         entrypoint_memory_bytes=int(request.worker.memory_gb * 1024**3) if single_node else 0,
         entrypoint_resources={pin: RESOURCE_PER_JOB} if pin else {},
+        entrypoint_label_selector={NODE_LABEL: f"!in({','.join(lost)})"} if lost else {},
         env_vars=env,
         pip=request.pip,
         metadata=metadata,
@@ -170,6 +180,9 @@ class Reason(StrEnum):
     NODE_LOST = "node-lost"
     CANCELLED = "cancelled"
     PROGRESSED = "progressed"
+    PLACED = "placed"
+    RESUMED = "resumed"
+    ABANDONED = "abandoned"
 
 
 @dataclass(frozen=True)
@@ -193,15 +206,26 @@ class Transition:
 _NODE_LOSS_ERRORS = frozenset({"JOB_SUPERVISOR_ACTOR_DIED", "JOB_SUPERVISOR_ACTOR_UNKNOWN_FAILURE"})
 
 
-def classify_failure(status: RayJobStatus) -> FailureKind:
-    """A failed attempt is the user's unless Ray says its node went away under it."""
-    if status.error_type in _NODE_LOSS_ERRORS:
+def classify_failure(status: RayJobStatus, *, checkpoint_requested: bool) -> FailureKind:
+    """A failed attempt is the user's unless Ray says its node went away under it, or the
+    platform itself asked it to checkpoint and stop (its node is being preempted)."""
+    if checkpoint_requested or status.error_type in _NODE_LOSS_ERRORS:
         return FailureKind.NODE_LOST
     return FailureKind.USER_ERROR
 
 
-def on_ray_status(record: JobRecord, status: RayJobStatus | None, now: datetime) -> Transition:
-    """How the record moves given what Ray says of its current attempt."""
+def on_ray_status(
+    record: JobRecord,
+    status: RayJobStatus | None,
+    now: datetime,
+    *,
+    checkpoint_requested: bool = False,
+) -> Transition:
+    """How the record moves given what Ray says of its current attempt.
+
+    `checkpoint_requested`: whether the platform asked this attempt to checkpoint and stop
+    (CHECKPOINT_NOW names it); only looked at when Ray says the attempt failed.
+    """
     attempt = record.current
     if attempt is None or attempt.state not in (AttemptState.SUBMITTED, AttemptState.RUNNING):
         return Transition(Reason.UNCHANGED, record)
@@ -212,13 +236,16 @@ def on_ray_status(record: JobRecord, status: RayJobStatus | None, now: datetime)
         case RayJobState.PENDING:
             return Transition(Reason.UNCHANGED, record)
         case RayJobState.RUNNING:
+            placed = _placed(attempt, status)
             if attempt.state is AttemptState.RUNNING:
-                return Transition(Reason.UNCHANGED, record)
-            started = attempt.model_copy(update={"state": AttemptState.RUNNING, "started_at": now})
+                if placed == attempt:
+                    return Transition(Reason.UNCHANGED, record)
+                return Transition(Reason.PLACED, _with_attempt(record, placed, record.state, now))
+            started = placed.model_copy(update={"state": AttemptState.RUNNING, "started_at": now})
             return Transition(
                 Reason.STARTED,
                 _with_attempt(record, started, JobState.RUNNING, now),
-                (_started(attempt, job_id),),
+                (_started(started, job_id),),
             )
         case RayJobState.SUCCEEDED:
             ended = _ended(attempt, AttemptState.SUCCEEDED, now, status.message)
@@ -236,19 +263,14 @@ def on_ray_status(record: JobRecord, status: RayJobStatus | None, now: datetime)
             if record.cancel_requested:
                 return _cancelled(record, attempt, now, status.message)
             message = status.message or "the job failed"
-            if classify_failure(status) is FailureKind.NODE_LOST:
-                lost = _ended(attempt, AttemptState.LOST, now, message)
-                interrupted = JobInterrupted(
-                    job_id=job_id, attempt=n, node="unknown", cause=InterruptionCause.NODE_LOST
+            kind = classify_failure(status, checkpoint_requested=checkpoint_requested)
+            if kind is FailureKind.NODE_LOST:
+                cause = (
+                    InterruptionCause.PREEMPTED
+                    if checkpoint_requested
+                    else InterruptionCause.NODE_LOST
                 )
-                return Transition(
-                    Reason.NODE_LOST,
-                    _with_attempt(record, lost, JobState.INTERRUPTED, now),
-                    (
-                        *_unseen_start(attempt, job_id),
-                        Fact(f"interrupted-{job_id}-{n}", interrupted),
-                    ),
-                )
+                return _interrupted(record, _placed(attempt, status), cause, now, message)
             failed = _ended(attempt, AttemptState.FAILED, now, message)
             failure = JobFailed(job_id=job_id, attempt=n, message=message[-8000:])
             return Transition(
@@ -306,6 +328,88 @@ def cancel(record: JobRecord, now: datetime) -> Transition:
     return Transition(Reason.UNCHANGED, flagged)
 
 
+def resume(record: JobRecord, resumed: JobResumed, now: datetime) -> Transition:
+    """The checkpointer decided that the job carries on as attempt `resumed.attempt`.
+
+    Applies once, and only to the attempt it follows: a repeat, or a decision about an
+    attempt that is no longer the current one, changes nothing. An attempt still live in
+    the record (its loss was news to us) ends as lost first, so the interruption is said.
+    """
+    attempt = record.current
+    if not record.is_active or attempt is None or resumed.attempt != attempt.number + 1:
+        return Transition(Reason.UNCHANGED, record)
+    facts: tuple[Fact, ...] = ()
+    if attempt.state in (AttemptState.SUBMITTED, AttemptState.RUNNING):
+        interrupted = _interrupted(
+            record, attempt, InterruptionCause.NODE_LOST, now, "its node was lost"
+        )
+        record, facts = interrupted.record, interrupted.facts
+    elif attempt.state is not AttemptState.LOST:
+        return Transition(Reason.UNCHANGED, record)
+    following = Attempt(
+        number=resumed.attempt,
+        submission_id=submission_id(record.job_id, resumed.attempt),
+        submitted_at=now,
+        capacity=resumed.capacity if resumed.capacity is not record.request.capacity else None,
+        resumed_from=resumed.from_checkpoint,
+        from_step=resumed.from_step,
+    )
+    moved = record.model_copy(
+        update={
+            "attempts": (*record.attempts, following),
+            "state": JobState.QUEUED,
+            "updated_at": now,
+        }
+    )
+    queued = queued_event(moved, following)
+    return Transition(
+        Reason.RESUMED,
+        moved,
+        (*facts, Fact(f"queued-{record.job_id}-{following.number}", queued)),
+    )
+
+
+def abandon(record: JobRecord, failed: JobFailed, now: datetime) -> Transition:
+    """The checkpointer gave up on the job (restart budget spent): it ends as failed.
+
+    The checkpointer published the `job.failed` itself; this only brings the record along.
+    """
+    attempt = record.current
+    if not record.is_active or attempt is None or attempt.number != failed.attempt:
+        return Transition(Reason.UNCHANGED, record)
+    if attempt.state in (AttemptState.SUBMITTED, AttemptState.RUNNING):
+        attempt = _ended(attempt, AttemptState.LOST, now, failed.message)
+    ended = _with_attempt(record, attempt, JobState.FAILED, now)
+    return Transition(Reason.ABANDONED, ended.model_copy(update={"detail": failed.message}))
+
+
+def _interrupted(
+    record: JobRecord, attempt: Attempt, cause: InterruptionCause, now: datetime, message: str
+) -> Transition:
+    lost = _ended(attempt, AttemptState.LOST, now, message).model_copy(update={"cause": cause})
+    interrupted = JobInterrupted(
+        job_id=record.job_id,
+        attempt=attempt.number,
+        node=attempt.nodes[0] if attempt.nodes else "unknown",
+        cause=cause,
+    )
+    return Transition(
+        Reason.NODE_LOST,
+        _with_attempt(record, lost, JobState.INTERRUPTED, now),
+        (
+            *_unseen_start(attempt, record.job_id),
+            Fact(f"interrupted-{record.job_id}-{attempt.number}", interrupted),
+        ),
+    )
+
+
+def _placed(attempt: Attempt, status: RayJobStatus) -> Attempt:
+    """The attempt with the node Ray placed its driver on, once Ray says."""
+    if status.node is None or attempt.nodes:
+        return attempt
+    return attempt.model_copy(update={"nodes": (status.node,), "pool": status.pool})
+
+
 def _cancelled(
     record: JobRecord, attempt: Attempt, now: datetime, message: str | None
 ) -> Transition:
@@ -319,7 +423,13 @@ def _cancelled(
 
 
 def _started(attempt: Attempt, job_id: str) -> Fact:
-    started = JobStarted(job_id=job_id, attempt=attempt.number, submission_id=attempt.submission_id)
+    started = JobStarted(
+        job_id=job_id,
+        attempt=attempt.number,
+        submission_id=attempt.submission_id,
+        pool=attempt.pool,
+        nodes=attempt.nodes,
+    )
     return Fact(f"started-{job_id}-{attempt.number}", started)
 
 

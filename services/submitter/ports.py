@@ -59,6 +59,10 @@ class ProgressReader(Protocol):
         consistent: a report may lag the training loop by one write."""
         ...
 
+    async def checkpoint_requested(self, checkpoint_uri: str, attempt: int) -> bool:
+        """Whether the platform asked `attempt` to checkpoint and stop (CHECKPOINT_NOW)."""
+        ...
+
 
 class Workspaces(Protocol):
     """Packed working directories that clients uploaded for their jobs."""

@@ -55,10 +55,14 @@ class InMemoryDemandStore:
         self.demands: dict[str, Demand] = {}
 
     async def put(self, demand: Demand) -> None:
-        self.demands[demand.job_id] = demand
+        stored = self.demands.get(demand.job_id)
+        if stored is None or stored.attempt <= demand.attempt:
+            self.demands[demand.job_id] = demand
 
-    async def remove(self, job_id: str) -> None:
-        self.demands.pop(job_id, None)
+    async def remove(self, job_id: str, attempt: int) -> None:
+        stored = self.demands.get(job_id)
+        if stored is not None and stored.attempt <= attempt:
+            del self.demands[job_id]
 
     async def all(self) -> list[Demand]:
         return list(self.demands.values())

@@ -87,6 +87,10 @@ class FakeProgress:
 
     def __init__(self) -> None:
         self.reports: dict[str, ProgressReport] = {}
+        self.checkpoint_requests: set[tuple[str, int]] = set()
 
     async def latest(self, checkpoint_uri: str) -> ProgressReport | None:
         return self.reports.get(checkpoint_uri)
+
+    async def checkpoint_requested(self, checkpoint_uri: str, attempt: int) -> bool:
+        return (checkpoint_uri, attempt) in self.checkpoint_requests

@@ -11,14 +11,17 @@ import pytest
 from services.submitter.handlers import (
     Deps,
     on_job_cancel_requested,
+    on_job_failed,
     on_job_requested,
+    on_job_resumed,
     track_attempts,
 )
 from services.submitter.model import RayJobState
 from services.submitter.policy import Quotas
 from shared.checkpoints import ProgressReport
 from shared.events import decode, new_event
-from shared.events.data import JobCancelRequested
+from shared.events.data import InterruptionCause, JobCancelRequested, JobFailed, JobResumed
+from shared.events.types import CapacityClass
 from shared.messaging import Unhandleable
 from shared.messaging.memory import InMemoryBus
 from tests.events import NOW, job_requested
@@ -183,3 +186,85 @@ async def test_training_progress_is_published_once_per_step(deps: Deps) -> None:
     assert [(p.step, p.metrics) for p in progress] == [(10, {"loss": 0.9}), (20, {"loss": 0.5})]
     assert isinstance(deps.store, InMemoryJobStore)
     assert deps.store.records["job-p"][0].attempts[-1].step == 20
+
+
+def resumed_event(job_id: str, attempt: int, **fields: Any) -> Any:
+    data = JobResumed(
+        job_id=job_id,
+        attempt=attempt,
+        capacity=fields.pop("capacity", CapacityClass.ANY),
+        **fields,
+    )
+    return new_event(data, source="checkpointer", time=NOW, event_id=f"r-{job_id}-{attempt}")
+
+
+async def running(deps: Deps, job_id: str, node: str = "gpu-spot-1") -> None:
+    await on_job_requested(job_requested(job_id), deps)
+    ray(deps).set(f"{job_id}-1", RayJobState.RUNNING, node=node, pool="gpu-spot")
+    await track_attempts(deps)
+
+
+async def test_a_running_attempt_records_the_node_its_driver_runs_on(deps: Deps) -> None:
+    await running(deps, "job-n")
+    started = dict(published(deps))["started"]
+    assert (started.nodes, started.pool) == (("gpu-spot-1",), "gpu-spot")
+    assert isinstance(deps.store, InMemoryJobStore)
+    assert deps.store.records["job-n"][0].attempts[0].nodes == ("gpu-spot-1",)
+
+
+async def test_an_attempt_that_stops_when_asked_to_checkpoint_is_preempted_not_failed(
+    deps: Deps,
+) -> None:
+    await running(deps, "job-p")
+    assert isinstance(deps.progress, FakeProgress)
+    deps.progress.checkpoint_requests.add(("file:///checkpoints/job-p", 1))
+    ray(deps).set("job-p-1", RayJobState.FAILED, error_type="JOB_ENTRYPOINT_COMMAND_ERROR")
+    await track_attempts(deps)
+    interrupted = dict(published(deps))["interrupted"]
+    assert (interrupted.cause, interrupted.node) == (InterruptionCause.PREEMPTED, "gpu-spot-1")
+    assert "failed" not in types(deps)
+    assert isinstance(deps.store, InMemoryJobStore)
+    assert deps.store.state_of("job-p") == "interrupted"
+
+
+async def test_a_resume_stops_the_lost_attempt_and_submits_the_next_from_its_checkpoint(
+    deps: Deps,
+) -> None:
+    await running(deps, "job-r")
+    resumed = resumed_event(
+        "job-r",
+        2,
+        from_checkpoint="file:///checkpoints/job-r/step-000000000040",
+        from_step=40,
+        capacity=CapacityClass.ON_DEMAND,
+    )
+    await on_job_resumed(resumed, deps)
+    await on_job_resumed(resumed, deps)  # a repeat changes nothing
+
+    assert ray(deps).stopped == ["job-r-1"]
+    assert [plan.submission_id for plan, _ in ray(deps).submitted] == ["job-r-1", "job-r-2"]
+    plan = ray(deps).submitted[-1][0]
+    assert plan.env_vars["SPOTRAIN_RESUME_FROM"] == "file:///checkpoints/job-r/step-000000000040"
+    assert plan.env_vars["SPOTRAIN_ATTEMPT"] == "2"
+    assert plan.entrypoint_resources == {"spotrain-capacity-on-demand": 0.001}
+    assert plan.entrypoint_label_selector == {"spotrain-node": "!in(gpu-spot-1)"}
+    after = published(deps)[-2:]
+    assert [kind for kind, _ in after] == ["interrupted", "queued"]
+    assert (after[1][1].attempt, after[1][1].capacity) == (2, CapacityClass.ON_DEMAND)
+
+
+async def test_a_resume_of_an_attempt_that_is_not_the_current_one_is_ignored(deps: Deps) -> None:
+    await running(deps, "job-s")
+    await on_job_resumed(resumed_event("job-s", 3), deps)
+    assert ray(deps).stopped == []
+    assert len(ray(deps).submitted) == 1
+
+
+async def test_a_job_the_checkpointer_gave_up_on_ends_failed(deps: Deps) -> None:
+    await running(deps, "job-g")
+    failed = JobFailed(job_id="job-g", attempt=1, message="restart budget spent")
+    await on_job_failed(new_event(failed, source="checkpointer", time=NOW), deps)
+    assert isinstance(deps.store, InMemoryJobStore)
+    record = deps.store.records["job-g"][0]
+    assert (record.state.value, record.detail) == ("failed", "restart budget spent")
+    assert ray(deps).stopped == ["job-g-1"]

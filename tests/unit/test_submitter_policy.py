@@ -10,7 +10,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from services.submitter import policy
-from services.submitter.model import AttemptState, JobRecord, JobState, RayJobState, RayJobStatus
+from services.submitter.model import (
+    Attempt,
+    AttemptState,
+    JobRecord,
+    JobState,
+    RayJobState,
+    RayJobStatus,
+)
 from services.submitter.policy import Accept, Quotas, Reason, Reject
 from shared.checkpoints import ProgressReport
 from shared.events.data import JobRequested, RejectionReason
@@ -70,7 +77,7 @@ def test_an_accepted_job_never_takes_an_owner_past_the_quota(
 
 def queued_record(req: JobRequested | None = None) -> JobRecord:
     req = req or request(2)
-    return policy.new_record(req, "event-1", Accept(gpus=2), NOW)
+    return policy.new_record(req, "event-1", Accept(gpus=2), NOW, checkpoint_uri="file:///c/job-1")
 
 
 def test_a_submission_quotes_the_command_and_carries_the_training_contract() -> None:
@@ -78,7 +85,7 @@ def test_a_submission_quotes_the_command_and_carries_the_training_contract() -> 
     record = queued_record(
         request(2, capacity=CapacityClass.SPOT, entrypoint=hostile, env={"SEED": "7"})
     )
-    plan = policy.plan_submission(record, 1, checkpoint_uri="file:///ckpt/job-1", resume_from=None)
+    plan = policy.plan_submission(record, record.attempts[0], checkpoint_uri="file:///ckpt/job-1")
     assert shlex.split(plan.entrypoint) == list(hostile)
     assert plan.submission_id == "job-1-1"
     assert plan.entrypoint_num_gpus == 2
@@ -93,8 +100,9 @@ def test_a_submission_quotes_the_command_and_carries_the_training_contract() -> 
 
 
 def test_a_multi_node_driver_holds_no_gpu_and_any_capacity_pins_nothing() -> None:
+    third = Attempt(number=3, submission_id="job-1-3", submitted_at=NOW, resumed_from="gs://b/j/s")
     plan = policy.plan_submission(
-        queued_record(request(2, workers=4)), 3, checkpoint_uri="gs://b/j", resume_from="gs://b/j/s"
+        queued_record(request(2, workers=4)), third, checkpoint_uri="gs://b/j"
     )
     assert (plan.entrypoint_num_gpus, plan.entrypoint_num_cpus) == (0, 0)
     assert plan.entrypoint_resources == {}

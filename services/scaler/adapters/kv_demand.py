@@ -27,11 +27,29 @@ class KvDemandStore:
         return cls(kv)
 
     async def put(self, demand: Demand) -> None:
+        stored = await self._get(demand.job_id)
+        if stored is not None and stored[0].attempt > demand.attempt:
+            return
         await self._kv.put(_key(demand.job_id), demand.model_dump_json().encode())
 
-    async def remove(self, job_id: str) -> None:
-        with contextlib.suppress(nats.js.errors.KeyNotFoundError):
-            await self._kv.delete(_key(job_id))
+    async def remove(self, job_id: str, attempt: int) -> None:
+        stored = await self._get(job_id)
+        if stored is None or stored[0].attempt > attempt:
+            return
+        # Compare-and-set: a later attempt's demand stored meanwhile stays.
+        with contextlib.suppress(
+            nats.js.errors.KeyNotFoundError, nats.js.errors.KeyWrongLastSequenceError
+        ):
+            await self._kv.delete(_key(job_id), last=stored[1])
+
+    async def _get(self, job_id: str) -> tuple[Demand, int] | None:
+        try:
+            entry = await self._kv.get(_key(job_id))
+        except nats.js.errors.KeyNotFoundError:
+            return None
+        if not entry.value or entry.revision is None:
+            return None
+        return Demand.model_validate_json(entry.value), entry.revision
 
     async def publish_status(self, status: PoolsStatus) -> None:
         await self._kv.put(STATUS_KEY, status.model_dump_json().encode())

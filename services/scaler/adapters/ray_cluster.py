@@ -8,8 +8,8 @@ from typing import Any
 
 from services.scaler.model import Room
 from services.scaler.ports import ObservedNode
+from shared.resources import NODE_LABEL
 
-_NODE_LABEL = "spotrain-node"
 _RUNNING, _IDLE = 1, 3  # ray.core.generated.autoscaler_pb2.NodeStatus
 
 
@@ -31,7 +31,7 @@ class RayClusterObserver:
         state = get_cluster_resource_state(self._client)
         observed = {}
         for node in state.node_states:
-            name = node.labels.get(_NODE_LABEL)
+            name = node.labels.get(NODE_LABEL)
             if not name or node.status not in (_RUNNING, _IDLE):
                 continue
             free = dict(node.available_resources)

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from services.submitter.model import RayJobState, RayJobStatus, SubmissionPlan
+from shared.resources import NODE_LABEL, POOL_LABEL
 
 if TYPE_CHECKING:
     from ray.job_submission import JobSubmissionClient
@@ -19,6 +20,8 @@ class RayJobSubmission:
     def __init__(self, address: str) -> None:
         self._address = address
         self._client: JobSubmissionClient | None = None
+        self._node_names: dict[str, tuple[str | None, str | None]] = {}
+        """Ray node id → the platform's node and pool names; a node keeps its labels."""
 
     def _connect(self) -> JobSubmissionClient:
         # Imported here: Ray takes half a second to import, and the client checks the
@@ -48,6 +51,7 @@ class RayJobSubmission:
                     entrypoint_num_gpus=plan.entrypoint_num_gpus,
                     entrypoint_memory=plan.entrypoint_memory_bytes or None,
                     entrypoint_resources=plan.entrypoint_resources or None,
+                    entrypoint_label_selector=plan.entrypoint_label_selector or None,
                 )
             except RuntimeError as error:
                 if "already exists" not in str(error):
@@ -64,14 +68,32 @@ class RayJobSubmission:
                 if "404" in str(error) or "does not exist" in str(error):
                     return None
                 raise
+            node, pool = self._node_of(info.driver_node_id)
             return RayJobStatus(
                 state=RayJobState(str(info.status.value)),
                 message=info.message,
                 error_type=str(info.error_type) if info.error_type else None,
                 exit_code=info.driver_exit_code,
+                node=node,
+                pool=pool,
             )
 
         return await asyncio.to_thread(status)
+
+    def _node_of(self, node_id: str | None) -> tuple[str | None, str | None]:
+        """The `spotrain-node` and `spotrain-pool` labels the provider gave the node."""
+        if not node_id:
+            return None, None
+        if node_id not in self._node_names:
+            from ray.util.state import get_node  # noqa: PLC0415  # see _connect
+
+            try:
+                state = get_node(node_id, address=self._address, timeout=5)
+            except Exception:  # noqa: BLE001  # the state API is best effort; ask next time
+                return None, None
+            labels = state.labels if state is not None else {}
+            self._node_names[node_id] = (labels.get(NODE_LABEL), labels.get(POOL_LABEL))
+        return self._node_names[node_id]
 
     async def stop(self, submission_id: str) -> None:
         def stop() -> None:
