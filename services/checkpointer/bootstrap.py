@@ -4,13 +4,31 @@ from __future__ import annotations
 
 from contextlib import AsyncExitStack
 
+from services.checkpointer.adapters.checkpoint_store import StorageCheckpoints
+from services.checkpointer.adapters.kv_jobs import KvJobReader
+from services.checkpointer.adapters.ray_gcs import RayGcsNodes
 from services.checkpointer.handlers import SERVICE, SUBSCRIPTIONS, Deps
+from services.checkpointer.settings import CheckpointerSettings
+from shared.clock import SystemClock
+from shared.jobs import jobs_bucket
 from shared.messaging import EventBus, Subscription, bind_routes
+from shared.messaging.jetstream import JetStreamBus
 from shared.runtime import ServiceDefinition
 
 
 async def bootstrap(bus: EventBus, stack: AsyncExitStack) -> ServiceDefinition:
-    deps = Deps(bus=bus)
+    settings = CheckpointerSettings()
+    if not isinstance(bus, JetStreamBus):
+        msg = "the checkpointer reads job records from JetStream; it needs the JetStream bus"
+        raise TypeError(msg)
+    deps = Deps(
+        bus=bus,
+        clock=SystemClock(),
+        jobs=KvJobReader(bus.client.jetstream(), jobs_bucket(bus.prefix)),
+        checkpoints=StorageCheckpoints(),
+        ray=RayGcsNodes(settings.ray_gcs_address),
+        config=settings.recovery_config(),
+    )
     return ServiceDefinition(
         name=SERVICE,
         subscriptions=[Subscription(service=SERVICE, routes=bind_routes(SUBSCRIPTIONS, deps))],

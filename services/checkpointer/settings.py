@@ -2,12 +2,30 @@
 
 from __future__ import annotations
 
+from pydantic import AliasChoices, Field
 from pydantic_settings import SettingsConfigDict
 
+from services.checkpointer.model import RecoveryConfig
 from shared.runtime import RuntimeSettings
 
 
 class CheckpointerSettings(RuntimeSettings):
     model_config = SettingsConfigDict(
-        env_prefix="SPOTRAIN_CHECKPOINTER_", extra="ignore", frozen=True
+        env_prefix="SPOTRAIN_CHECKPOINTER_", extra="ignore", frozen=True, populate_by_name=True
     )
+
+    ray_gcs_address: str = Field(
+        "127.0.0.1:6380",
+        validation_alias=AliasChoices(
+            "SPOTRAIN_CHECKPOINTER_RAY_GCS_ADDRESS", "SPOTRAIN_RAY_GCS_ADDRESS"
+        ),
+    )
+    fallback_after_interruptions: int = Field(2, ge=1)
+    """An `any` job that lost its capacity this many times moves to on-demand capacity."""
+    min_notice_s: float = Field(2.0, ge=0)
+
+    def recovery_config(self) -> RecoveryConfig:
+        return RecoveryConfig(
+            fallback_after_interruptions=self.fallback_after_interruptions,
+            min_notice_s=self.min_notice_s,
+        )

@@ -1,0 +1,1 @@
+"""The checkpointer's adapters: the jobs bucket, the checkpoint store, Ray's GCS."""
