@@ -15,7 +15,7 @@ import typer
 from rich.table import Table
 
 from shared.cli.console import CliError, err, out
-from shared.cli.jobs import register_job_commands
+from shared.cli.jobs import duration_s, register_job_commands
 from shared.client import PlatformError
 from shared.localstack import stack
 from shared.localstack.settings import LocalStackSettings
@@ -72,12 +72,30 @@ def schema(
 
 @app.command()
 def demo(
-    timeout_s: Annotated[float, typer.Option(help="How long to wait for the platform.")] = 30,
+    workdir: Annotated[Path, typer.Option(help="The folder of examples/train_digits.py.")] = Path(
+        "examples"
+    ),
+    notice: Annotated[
+        str, typer.Option(help="Preemption notice, e.g. 10s; 0 preempts without notice.")
+    ] = "0",
+    preemptions: Annotated[
+        int, typer.Option(min=1, max=3, help="Preempt the job this many times in a row.")
+    ] = 1,
+    timeout: Annotated[str, typer.Option(help="How long the whole demo may take.")] = "5m",
 ) -> None:
-    """Send a job request through the running stack and show the platform's answer."""
-    from shared.cli.demo import run_demo  # noqa: PLC0415  # nats is imported only when needed
+    """Train on a spot node, preempt it mid-run, and watch the job resume from its checkpoint."""
+    from shared.cli.demo import DemoRun, run_demo  # noqa: PLC0415  # imports nats and numpy
 
-    asyncio.run(run_demo(out, timeout_s=timeout_s))
+    run = DemoRun(preempt_at_steps=(70, 130, 190)[:preemptions])
+    asyncio.run(
+        run_demo(
+            out,
+            workdir=workdir,
+            notice_s=duration_s(notice),
+            timeout_s=duration_s(timeout),
+            run=run,
+        )
+    )
 
 
 @app.command(
@@ -93,6 +111,45 @@ def simulate(context: typer.Context) -> None:
     )
     if result.returncode:
         raise typer.Exit(result.returncode)
+
+
+@app.command()
+def preempt(
+    node: Annotated[
+        str | None, typer.Argument(help="A node of the local stack (see `spotrain pools`).")
+    ] = None,
+    notice: Annotated[
+        str, typer.Option(help="Notice before the kill, e.g. 30s; 0 kills without notice.")
+    ] = "30s",
+    pick_random: Annotated[
+        bool, typer.Option("--random", help="Preempt a running spot node picked at random.")
+    ] = False,
+) -> None:
+    """Preempt a node of the local stack as the cloud would: a notice, the deadline, the kill."""
+    from shared.localstack.nodes import (  # noqa: PLC0415  # only this command needs them
+        NodeFolder,
+        NoSuchNodeError,
+        pick_node,
+    )
+    from shared.localstack.nodes import preempt as preempt_node  # noqa: PLC0415
+
+    notice_s = duration_s(notice)
+    if (node is None) == (not pick_random):
+        raise CliError("name a node, or pass --random (not both)", 2)
+    folder = NodeFolder(LocalStackSettings().node_dir)
+    try:
+        target = pick_node(folder, node, capacity="spot" if pick_random else None)
+    except NoSuchNodeError as error:
+        raise CliError(str(error)) from None
+    done = preempt_node(
+        folder,
+        target,
+        notice_s=notice_s,
+        on_notice=lambda n: out.print(
+            f"notice posted: {n.node} ({target.pool}) goes at {n.deadline:%H:%M:%S}"
+        ),
+    )
+    out.print(f"preempted {done.node} ({done.pool}): killed {done.processes} processes")
 
 
 register_job_commands(app)

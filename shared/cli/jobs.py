@@ -96,7 +96,7 @@ def submit(  # noqa: PLR0917  # a typer command: its options are its parameters
         "capacity": capacity,
         "priority": priority,
         "max_restarts": max_restarts,
-        "checkpoint_interval_s": _duration_s(checkpoint_every) if checkpoint_every else None,
+        "checkpoint_interval_s": duration_s(checkpoint_every) if checkpoint_every else None,
         "labels": _pairs(label or [], "--label"),
         "env": _pairs(env or [], "--env"),
         "pip": tuple(pip or ()),
@@ -266,7 +266,7 @@ def _pairs(items: list[str], flag: str) -> dict[str, str]:
     return pairs
 
 
-def _duration_s(text: str) -> int:
+def duration_s(text: str) -> int:
     match = _DURATION.match(text.strip())
     if match is None:
         raise CliError(f"not a duration: {text!r} (use e.g. 90s, 10m, 2h)", 2)

@@ -2,7 +2,8 @@
 starts and releases nodes there, `spotrain preempt` (the local stand-in for the cloud) posts
 notices there and kills nodes, and the preemption watcher's local source reads it all.
 
-For a node `NAME`: `NAME.json` is its process record, `NAME.pool` its pool, `NAME.notice`
+For a node `NAME`: `NAME.json` is its process record, `NAME.pool` its pool,
+`NAME.capacity` its pool's capacity class (spot, on-demand), `NAME.notice`
 a preemption notice with its deadline, `NAME.released` says that the provider stopped it
 on purpose (its disappearance is not a loss).
 """
@@ -10,14 +11,17 @@ on purpose (its disappearance is not a loss).
 from __future__ import annotations
 
 import os
+import random
 import signal
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from pydantic import AwareDatetime, BaseModel, ValidationError
 
-from shared.localstack.processes import ProcessRecord, session_members
+from shared.localstack.processes import ProcessRecord, is_running, session_processes
 
 
 class PreemptionNotice(BaseModel):
@@ -30,6 +34,7 @@ class PreemptionNotice(BaseModel):
 class LocalNode:
     name: str
     pool: str
+    capacity: str | None
     record: ProcessRecord
 
 
@@ -43,14 +48,44 @@ class NodeFolder:
         for record_path in sorted(self.path.glob("*.json")):
             record = ProcessRecord.load(record_path)
             if record is not None:
-                found.append(LocalNode(record.name, self.pool_of(record.name), record))
+                name = record.name
+                found.append(LocalNode(name, self.pool_of(name), self._capacity_of(name), record))
         return found
+
+    def running(self) -> list[LocalNode]:
+        return [node for node in self.nodes() if is_running(node.record)]
 
     def pool_of(self, name: str) -> str:
         try:
             return (self.path / f"{name}.pool").read_text().strip()
         except OSError:
             return name.rsplit("-", 1)[0]
+
+    def new_name(self, pool: str) -> str:
+        """A name never used before in this folder: `<pool>-<n>`. Like cloud VM names, a
+        name is not reused, so a lost node is never mistaken for its successor."""
+        counter = self.path / f".{pool}.count"
+        try:
+            used = int(counter.read_text())
+        except (OSError, ValueError):
+            used = 0
+        taken = {p.stem for p in self.path.glob(f"{pool}-*.json")}
+        while f"{pool}-{used + 1}" in taken:
+            used += 1
+        self._write(f".{pool}.count", str(used + 1))
+        return f"{pool}-{used + 1}"
+
+    def describe(self, name: str, pool: str, capacity: str) -> None:
+        """Record a new node's pool and capacity, beside the record its provider saves."""
+        self.forget(name)  # a notice or release mark of an earlier namesake
+        self._write(f"{name}.pool", pool)
+        self._write(f"{name}.capacity", capacity)
+
+    def _capacity_of(self, name: str) -> str | None:
+        try:
+            return (self.path / f"{name}.capacity").read_text().strip()
+        except OSError:
+            return None
 
     def post_notice(self, name: str, deadline: datetime, now: datetime) -> PreemptionNotice:
         notice = PreemptionNotice(node=name, deadline=deadline, posted_at=now)
@@ -74,7 +109,7 @@ class NodeFolder:
 
     def forget(self, name: str) -> None:
         """Remove every file of a node; called before a name is used again."""
-        for suffix in (".json", ".pool", ".notice", ".released"):
+        for suffix in (".json", ".pool", ".capacity", ".notice", ".released"):
             (self.path / f"{name}{suffix}").unlink(missing_ok=True)
 
     def _write(self, file_name: str, text: str) -> None:
@@ -87,10 +122,65 @@ class NodeFolder:
 def kill_node(record: ProcessRecord) -> int:
     """SIGKILL every process of the node's session at once, as a vanished VM would: no
     SIGTERM first, so training gets no chance to checkpoint. Returns how many were killed."""
-    members = session_members(record.pid)
+    members = session_processes(record.pid)
     for pid in members:
         try:
             os.kill(pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             continue
     return len(members)
+
+
+class NoSuchNodeError(LookupError):
+    pass
+
+
+@dataclass(frozen=True)
+class Preemption:
+    node: str
+    pool: str
+    notice: PreemptionNotice | None
+    killed_at: datetime
+    processes: int
+
+
+def pick_node(folder: NodeFolder, name: str | None, *, capacity: str | None = None) -> LocalNode:
+    """The running node called `name`, or a random running one (of `capacity`, if given)."""
+    running = folder.running()
+    if name is not None:
+        for node in running:
+            if node.name == name:
+                return node
+        names = ", ".join(n.name for n in running) or "none"
+        msg = f"no running node {name!r}; running nodes: {names}"
+        raise NoSuchNodeError(msg)
+    candidates = [n for n in running if capacity is None or n.capacity == capacity]
+    if not candidates:
+        msg = "no running node to preempt" + (f" of {capacity} capacity" if capacity else "")
+        raise NoSuchNodeError(msg)
+    return random.choice(candidates)  # noqa: S311  # chaos, not cryptography
+
+
+def preempt(
+    folder: NodeFolder,
+    node: LocalNode,
+    *,
+    notice_s: float,
+    on_notice: Callable[[PreemptionNotice], None] = lambda _: None,
+    sleep: Callable[[float], None] = time.sleep,
+) -> Preemption:
+    """What the cloud does to a spot VM: a notice with a deadline (if any), then the kill."""
+    notice = None
+    if notice_s > 0:
+        now = datetime.now(UTC)
+        notice = folder.post_notice(node.name, now + timedelta(seconds=notice_s), now)
+        on_notice(notice)
+        sleep(max(0.0, (notice.deadline - datetime.now(UTC)).total_seconds()))
+    processes = kill_node(node.record)
+    return Preemption(
+        node=node.name,
+        pool=node.pool,
+        notice=notice,
+        killed_at=datetime.now(UTC),
+        processes=processes,
+    )

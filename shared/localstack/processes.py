@@ -81,29 +81,48 @@ def is_running(record: ProcessRecord) -> bool:
     )
 
 
-def session_members(session_id: int) -> list[int]:
-    """Live processes of a session, zombies excluded."""
-    members = []
+def session_processes(session_id: int) -> list[int]:
+    """Live processes of a session and their descendants in other sessions, zombies excluded.
+
+    Ray starts each job's driver in a session of its own (so that it can stop it as a
+    group); it is still part of the node that started it, and goes when the node goes.
+    """
+    stats = _live_stats()
+    members = {pid for pid, stat in stats.items() if stat.session == session_id}
+    children: dict[int, list[int]] = {}
+    for pid, stat in stats.items():
+        children.setdefault(stat.parent, []).append(pid)
+    frontier = list(members)
+    while frontier:
+        for child in children.get(frontier.pop(), ()):
+            if child not in members:
+                members.add(child)
+                frontier.append(child)
+    return sorted(members)
+
+
+def _live_stats() -> dict[int, _Stat]:
+    stats = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             stat = _read_stat(int(entry.name))
-            if stat and stat.session == session_id and stat.state not in ("Z", "X"):
-                members.append(int(entry.name))
-    return members
+            if stat is not None and stat.state not in ("Z", "X"):
+                stats[int(entry.name)] = stat
+    return stats
 
 
 def stop_session(session_id: int, *, grace_s: float) -> None:
     """SIGTERM every process of the session, then SIGKILL what is left after `grace_s`."""
     try:
-        _signal_all(session_members(session_id), signal.SIGTERM)
+        _signal_all(session_processes(session_id), signal.SIGTERM)
         deadline = time.monotonic() + grace_s
         while time.monotonic() < deadline:
             _reap(session_id)
-            if not session_members(session_id):
+            if not session_processes(session_id):
                 return
             time.sleep(0.1)
         for _ in range(50):
-            members = session_members(session_id)
+            members = session_processes(session_id)
             if not members:
                 return
             _signal_all(members, signal.SIGKILL)
@@ -145,6 +164,7 @@ def tail(path: Path, lines: int = 15) -> str:
 @dataclass(frozen=True)
 class _Stat:
     state: str
+    parent: int
     session: int
     start_ticks: int
 
@@ -156,7 +176,9 @@ def _read_stat(pid: int) -> _Stat | None:
         return None
     # The command name may hold spaces and parentheses; the fields after its last ')' do not.
     fields = raw[raw.rindex(")") + 2 :].split()
-    return _Stat(state=fields[0], session=int(fields[3]), start_ticks=int(fields[19]))
+    return _Stat(
+        state=fields[0], parent=int(fields[1]), session=int(fields[3]), start_ticks=int(fields[19])
+    )
 
 
 def _signal_all(pids: Sequence[int], signum: signal.Signals) -> None:

@@ -7,6 +7,7 @@ processes whose PID files `up` wrote, with everything they spawned.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sys
@@ -130,6 +131,9 @@ def components(settings: LocalStackSettings) -> list[Component]:
             "--num-gpus",
             "0",
             "--disable-usage-stats",
+            # A killed node is declared dead in ~3 s instead of ~13 s: in between, Ray may
+            # place a resumed attempt on the dead node's stale free resources.
+            f"--system-config={json.dumps(_HEAD_SYSTEM_CONFIG)}",
             *NodePorts(s.ray_head_port_base).argv(),
         ],
         env=node_env(base_env),
@@ -165,6 +169,14 @@ def components(settings: LocalStackSettings) -> list[Component]:
             )
         )
     return [nats, ray_head, *services]
+
+
+_HEAD_SYSTEM_CONFIG = {
+    "health_check_initial_delay_ms": 1000,
+    "health_check_period_ms": 1000,
+    "health_check_timeout_ms": 2000,
+    "health_check_failure_threshold": 3,
+}
 
 
 def nats_server_binary() -> str:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from shared.localstack.ports import free_port, free_port_below, free_port_block
-from shared.localstack.processes import ProcessRecord, session_members
+from shared.localstack.processes import ProcessRecord, session_processes
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -88,11 +88,11 @@ def test_up_status_demo_down_leaves_nothing_running(home: Path) -> None:
     assert "the submitter accepted" in demo.stdout
 
     leaders = sessions(home)
-    assert all(session_members(pid) for pid in leaders.values())
+    assert all(session_processes(pid) for pid in leaders.values())
     down = spotrain(env, "down")
     assert down.returncode == 0, down.stderr
     assert "stopped:" in down.stdout
-    assert {pid: session_members(pid) for pid in leaders.values()} == {
+    assert {pid: session_processes(pid) for pid in leaders.values()} == {
         pid: [] for pid in leaders.values()
     }
     assert spotrain(env, "status").returncode == 1

@@ -54,7 +54,7 @@ def attempt_env(uri: str, attempt: int, ray_tmpdir: str) -> dict[str, str]:
     )
 
 
-def session_members(session_id: int) -> list[int]:
+def session_processes(session_id: int) -> list[int]:
     """Live processes in a session: the driver, and the local Ray cluster it started."""
     members = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
@@ -70,14 +70,14 @@ def session_members(session_id: int) -> list[int]:
 def wait_for_empty_session(session_id: int) -> list[int]:
     """The processes still in the session after a few seconds: none once Ray has shut down."""
     deadline = time.monotonic() + 10
-    while (members := session_members(session_id)) and time.monotonic() < deadline:
+    while (members := session_processes(session_id)) and time.monotonic() < deadline:
         time.sleep(0.1)
     return members
 
 
 def kill_session(session_id: int) -> None:
     """SIGKILL everything the attempt started; a killed driver leaves some Ray agents alive."""
-    for pid in session_members(session_id):
+    for pid in session_processes(session_id):
         with suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
 

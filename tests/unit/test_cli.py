@@ -33,8 +33,10 @@ def spotrain(*args: str, env: dict[str, str] | None = None) -> subprocess.Comple
             ["schema", "--out"], "Option '--out' requires an argument", id="missing-value"
         ),
         pytest.param(
-            ["demo", "--timeout-s", "soon"], "Invalid value for '--timeout-s'", id="bad-number"
+            ["submit", "x.py", "--gpus", "two"], "Invalid value for '--gpus'", id="bad-number"
         ),
+        pytest.param(["preempt", "--notice", "soon"], "not a duration: 'soon'", id="bad-duration"),
+        pytest.param(["preempt"], "name a node, or pass --random", id="no-node"),
     ],
 )
 def test_a_bad_argument_gets_one_line_and_exit_2(args: list[str], message: str) -> None:

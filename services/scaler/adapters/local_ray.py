@@ -4,7 +4,6 @@ declares its GPUs and its pool's resources. Killing one is a real preemption."""
 from __future__ import annotations
 
 import asyncio
-import re
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
@@ -15,10 +14,13 @@ from shared.localstack.nodes import NodeFolder
 from shared.localstack.ports import free_port_block
 from shared.localstack.processes import ProcessRecord, is_running, stop_session
 from shared.localstack.ray_nodes import PORT_BLOCK, NodePorts, NodeShape, start_worker
-from shared.resources import RESOURCE_PER_NODE, capacity_resource, pool_resource
-
-NODE_LABEL = "spotrain-node"
-POOL_LABEL = "spotrain-pool"
+from shared.resources import (
+    NODE_LABEL,
+    POOL_LABEL,
+    RESOURCE_PER_NODE,
+    capacity_resource,
+    pool_resource,
+)
 
 
 class LocalPoolProvider:
@@ -46,7 +48,11 @@ class LocalPoolProvider:
                 continue
             launched_at = datetime.fromtimestamp(path.stat().st_mtime, UTC)
             nodes.append(
-                ProvidedNode(name=record.name, pool=_pool_of(path), launched_at=launched_at)
+                ProvidedNode(
+                    name=record.name,
+                    pool=self._folder.pool_of(record.name),
+                    launched_at=launched_at,
+                )
             )
         return nodes
 
@@ -55,18 +61,13 @@ class LocalPoolProvider:
 
     def _launch(self, pool: PoolSpec, count: int) -> list[str]:
         self._state_dir.mkdir(parents=True, exist_ok=True)
-        taken = {p.stem for p in self._state_dir.glob("*.json")}
         resources = {pool_resource(pool.name): RESOURCE_PER_NODE}
         if (capacity := capacity_resource(pool.capacity)) is not None:
             resources[capacity] = RESOURCE_PER_NODE
         names = []
-        index = 1
         for _ in range(count):
-            while f"{pool.name}-{index}" in taken:
-                index += 1
-            name = f"{pool.name}-{index}"
-            taken.add(name)
-            self._folder.forget(name)  # a notice or release mark of an earlier namesake
+            name = self._folder.new_name(pool.name)
+            self._folder.describe(name, pool.name, pool.capacity.value)
             shape = NodeShape(
                 num_cpus=pool.cpus,
                 num_gpus=pool.gpus,
@@ -82,7 +83,6 @@ class LocalPoolProvider:
                 env=self._env,
             )
             record.save(self._state_dir / f"{name}.json")
-            (self._state_dir / f"{name}.pool").write_text(pool.name)
             names.append(name)
         return names
 
@@ -98,11 +98,3 @@ class LocalPoolProvider:
             # A drained node hands its work back; gcs-side cleanup follows its exit.
             stop_session(record.pid, grace_s=5)
         path.unlink(missing_ok=True)
-        path.with_suffix(".pool").unlink(missing_ok=True)
-
-
-def _pool_of(path: Path) -> str:
-    marker = path.with_suffix(".pool")
-    if marker.exists():
-        return marker.read_text().strip()
-    return re.sub(r"-\d+$", "", path.stem)
