@@ -2,57 +2,21 @@
 
 from __future__ import annotations
 
-import json
 import os
 import socket
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from shared.localstack.ports import free_port, free_port_below, free_port_block
-from shared.localstack.processes import ProcessRecord, session_processes
+from shared.cli.demo import DemoRun
+from shared.localstack.processes import session_processes
+from tests.e2e.stack import demo_figures, sessions, spotrain, stack_env
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 
-
-def spotrain(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-c", "from shared.cli.entry import main; main()", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-        check=False,
-    )
-
-
-def stack_env(home: Path) -> dict[str, str]:
-    """A stack of its own: its own state directory and free ports for everything."""
-    nats_port = free_port()
-    service_base = free_port()
-    return {
-        **os.environ,
-        "SPOTRAIN_LOCAL_HOME": str(home),
-        "SPOTRAIN_LOCAL_NATS_PORT": str(nats_port),
-        "SPOTRAIN_LOCAL_NATS_MONITOR_PORT": str(free_port()),
-        "SPOTRAIN_LOCAL_RAY_GCS_PORT": str(free_port_below(10_000)),
-        "SPOTRAIN_LOCAL_RAY_DASHBOARD_PORT": str(free_port_below(10_000)),
-        "SPOTRAIN_LOCAL_RAY_CLIENT_PORT": str(free_port_below(10_000)),
-        "SPOTRAIN_LOCAL_RAY_HEAD_PORT_BASE": str(free_port_block(64)),
-        "SPOTRAIN_LOCAL_SERVICE_PORT_BASE": str(service_base),
-        "SPOTRAIN_NATS_URL": f"nats://127.0.0.1:{nats_port}",
-    }
-
-
-def sessions(home: Path) -> dict[str, int]:
-    return {
-        path.stem: ProcessRecord(**json.loads(path.read_text())).pid
-        for path in (home / "run").glob("*.json")
-    }
+CHECKPOINT_EVERY = DemoRun().checkpoint_every
 
 
 @pytest.fixture
@@ -83,9 +47,13 @@ def test_up_status_demo_down_leaves_nothing_running(home: Path) -> None:
     assert again.returncode == 0, again.stderr
     assert sessions(home) == first, "a second `up` starts nothing new"
 
-    demo = spotrain(env, "demo")
+    # The demo: a real training run on a spot node, the node killed without notice mid-run.
+    demo = spotrain(env, "demo", timeout_s=240)
     assert demo.returncode == 0, demo.stderr + demo.stdout
-    assert "the submitter accepted" in demo.stdout
+    figures = demo_figures(demo.stdout)
+    assert figures["preemptions"] == "1"
+    assert figures["result_matches_uninterrupted"] == "true", demo.stdout
+    assert 0 <= int(figures["steps_lost"]) <= CHECKPOINT_EVERY, "at most one interval lost"
 
     leaders = sessions(home)
     assert all(session_processes(pid) for pid in leaders.values())

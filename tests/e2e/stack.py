@@ -1,0 +1,58 @@
+"""Helpers for end-to-end tests: a local stack of its own, driven through the real CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from shared.localstack.ports import free_port, free_port_below, free_port_block
+from shared.localstack.processes import ProcessRecord
+
+CLI = [sys.executable, "-c", "from shared.cli.entry import main; main()"]
+
+
+def spotrain(
+    env: dict[str, str], *args: str, timeout_s: float = 120
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*CLI, *args], capture_output=True, text=True, env=env, timeout=timeout_s, check=False
+    )
+
+
+def stack_env(home: Path) -> dict[str, str]:
+    """A stack of its own: its own state directory and free ports for everything."""
+    nats_port = free_port()
+    service_base = free_port()
+    return {
+        **os.environ,
+        "SPOTRAIN_LOCAL_HOME": str(home),
+        "SPOTRAIN_LOCAL_NATS_PORT": str(nats_port),
+        "SPOTRAIN_LOCAL_NATS_MONITOR_PORT": str(free_port()),
+        "SPOTRAIN_LOCAL_RAY_GCS_PORT": str(free_port_below(10_000)),
+        "SPOTRAIN_LOCAL_RAY_DASHBOARD_PORT": str(free_port_below(10_000)),
+        "SPOTRAIN_LOCAL_RAY_CLIENT_PORT": str(free_port_below(10_000)),
+        "SPOTRAIN_LOCAL_RAY_HEAD_PORT_BASE": str(free_port_block(64)),
+        "SPOTRAIN_LOCAL_SERVICE_PORT_BASE": str(service_base),
+        "SPOTRAIN_NATS_URL": f"nats://127.0.0.1:{nats_port}",
+    }
+
+
+def sessions(home: Path) -> dict[str, int]:
+    return {
+        path.stem: ProcessRecord(**json.loads(path.read_text())).pid
+        for path in (home / "run").glob("*.json")
+    }
+
+
+def demo_figures(stdout: str) -> dict[str, str]:
+    """The `name: value` lines the demo ends with."""
+    names = ("preemptions", "resume_after_loss_s", "steps_lost", "result_matches_uninterrupted")
+    figures = {}
+    for line in stdout.splitlines():
+        name, _, value = line.partition(": ")
+        if name in names:
+            figures[name] = value.strip()
+    return figures
