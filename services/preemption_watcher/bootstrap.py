@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from contextlib import AsyncExitStack
+from datetime import timedelta
 
 from services.preemption_watcher.handlers import SERVICE, SUBSCRIPTIONS, Deps, relay
 from services.preemption_watcher.ports import SignalSource
@@ -18,7 +19,7 @@ async def bootstrap(bus: EventBus, stack: AsyncExitStack) -> ServiceDefinition:
     settings = PreemptionWatcherSettings()
     clock = SystemClock()
     deps = Deps(bus=bus, clock=clock)
-    watches = [_watch(_source(name, settings, clock), deps) for name in settings.sources]
+    watches = [_watch(_source(name, settings, clock, stack), deps) for name in settings.sources]
     return ServiceDefinition(
         name=SERVICE,
         subscriptions=[Subscription(service=SERVICE, routes=bind_routes(SUBSCRIPTIONS, deps))],
@@ -33,7 +34,11 @@ def _watch(source: SignalSource, deps: Deps) -> Watch:
     return Watch(name=f"source-{source.name}", run=run)
 
 
-def _source(name: SourceName, settings: PreemptionWatcherSettings, clock: Clock) -> SignalSource:
+def _source(
+    name: SourceName, settings: PreemptionWatcherSettings, clock: Clock, stack: AsyncExitStack
+) -> SignalSource:
+    # Each source's client library is imported only when the source is chosen: the Google
+    # and Kubernetes clients come with the `cloud` extra.
     match name:
         case SourceName.LOCAL:
             from services.preemption_watcher.adapters.local import (  # noqa: PLC0415
@@ -45,6 +50,34 @@ def _source(name: SourceName, settings: PreemptionWatcherSettings, clock: Clock)
                 clock,
                 poll_interval_s=settings.local_poll_interval_s,
             )
-        case _:
-            msg = f"the {name.value} source is not available in this build"
-            raise NotImplementedError(msg)
+        case SourceName.GCE_PUBSUB:
+            from services.preemption_watcher.adapters.gce_pubsub import (  # noqa: PLC0415
+                PubSubNoticeSource,
+                connect_subscriber,
+            )
+
+            # The settings refuse this source without a subscription.
+            assert settings.pubsub_subscription is not None
+            client = stack.enter_context(connect_subscriber(settings.pubsub_endpoint))
+            return PubSubNoticeSource(
+                client,
+                settings.pubsub_subscription,
+                notice=timedelta(seconds=settings.pubsub_notice_s),
+            )
+        case SourceName.K8S:
+            from services.preemption_watcher.adapters.k8s_nodes import (  # noqa: PLC0415
+                KubernetesNodeSource,
+                kubernetes_api_client,
+            )
+            from services.preemption_watcher.payloads.k8s_nodes import (  # noqa: PLC0415
+                NodeRules,
+            )
+
+            api_client = kubernetes_api_client(settings.k8s_kubeconfig)
+            stack.callback(api_client.close)
+            return KubernetesNodeSource.over(
+                api_client,
+                clock,
+                rules=NodeRules(pool_label=settings.k8s_pool_label),
+                watch_timeout_s=settings.k8s_watch_timeout_s,
+            )

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
@@ -32,8 +33,9 @@ class Deps:
 
 async def relay(source: SignalSource, deps: Deps, stop: asyncio.Event) -> None:
     """Publish every signal of `source` until `stop`; the runtime restarts it if it fails."""
-    async for signal in source.signals(stop):
-        await publish_signal(signal, deps, source=source.name)
+    async with contextlib.aclosing(source.signals(stop)) as signals:
+        async for signal in signals:
+            await publish_signal(signal, deps, source=source.name)
 
 
 async def publish_signal(signal: NodeSignal, deps: Deps, *, source: str) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Protocol
 
 from services.preemption_watcher.model import NodeSignal
@@ -20,6 +20,7 @@ class SignalSource(Protocol):
     @property
     def name(self) -> str: ...
 
-    def signals(self, stop: asyncio.Event) -> AsyncIterator[NodeSignal]:
-        """Signals as they come, until `stop` is set."""
+    def signals(self, stop: asyncio.Event) -> AsyncGenerator[NodeSignal, None]:
+        """Signals as they come, until `stop` is set. The consumer closes the generator
+        (`aclose`) however it stops, so a source can hand back what it had pulled."""
         ...

@@ -39,8 +39,13 @@ class PreemptionWatcherSettings(RuntimeSettings):
     """`projects/P/subscriptions/S`, fed by a Cloud Logging sink of preemption entries."""
     pubsub_endpoint: str | None = None
     """Another Pub/Sub endpoint (`host:port` of a local fake or the emulator), no credentials."""
+    pubsub_notice_s: float = Field(30.0, gt=0)
+    """How long GCE gives a preempted Spot VM after the log entry's time."""
     k8s_pool_label: str = "cloud.google.com/gke-nodepool"
     """The Node label that names its pool."""
+    k8s_kubeconfig: Path | None = None
+    """Outside a cluster: the kubeconfig to use; inside one, its service account is."""
+    k8s_watch_timeout_s: int = Field(300, gt=0)
 
     @model_validator(mode="after")
     def _sources_are_configured(self) -> PreemptionWatcherSettings:

@@ -18,7 +18,7 @@ from shared.events.data import JobRejected, JobRequested
 from shared.localstack.ports import free_port
 from shared.messaging import BusSettings, EventBus, RedeliveryPolicy, Subscription
 from shared.messaging.jetstream import JetStreamBus
-from shared.runtime import RuntimeSettings, ServiceDefinition, serve
+from shared.runtime import RuntimeSettings, ServiceDefinition, Watch, serve
 from tests.async_helpers import eventually
 from tests.events import job_requested
 
@@ -148,3 +148,31 @@ async def test_a_handler_past_the_grace_period_is_cancelled_and_redelivered(
     again.set()
     await asyncio.wait_for(service, timeout=5)
     assert calls == ["job-stuck", "job-stuck"]
+
+
+async def test_a_watch_that_fails_is_started_again_and_ends_with_the_service(
+    bus_settings: BusSettings,
+) -> None:
+    runs: list[str] = []
+
+    async def flaky(stop: asyncio.Event) -> None:
+        runs.append("started")
+        if len(runs) == 1:
+            msg = "the source dropped the connection"
+            raise ConnectionError(msg)
+        await stop.wait()
+        runs.append("stopped")
+
+    async def bootstrap(bus: EventBus, stack: AsyncExitStack) -> ServiceDefinition:
+        return ServiceDefinition(
+            name="svc", watches=[Watch(name="flaky", run=flaky, restart_after_s=0.05)]
+        )
+
+    stop = asyncio.Event()
+    service = asyncio.create_task(
+        serve("svc", bootstrap, bus_settings=bus_settings, runtime=_runtime(5), stop=stop)
+    )
+    await eventually(lambda: runs == ["started", "started"])
+    stop.set()
+    await asyncio.wait_for(service, timeout=10)
+    assert runs == ["started", "started", "stopped"]

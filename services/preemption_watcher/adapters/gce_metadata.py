@@ -28,7 +28,7 @@ import contextlib
 import http.client
 import socket
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TypeVar
@@ -293,7 +293,7 @@ class MetadataNoticeSource:
         self._poll_timeout_s = poll_timeout_s
         self._backoff = backoff
 
-    async def signals(self, stop: asyncio.Event) -> AsyncIterator[NodeSignal]:
+    async def signals(self, stop: asyncio.Event) -> AsyncGenerator[NodeSignal, None]:
         try:
             node = await self._until_read("instance/name", read_instance_name, stop)
             pool = self._pool

@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import json
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any, cast
@@ -113,7 +113,7 @@ class KubernetesNodeSource:
             relist_delay_s=relist_delay_s,
         )
 
-    async def signals(self, stop: asyncio.Event) -> AsyncIterator[NodeSignal]:
+    async def signals(self, stop: asyncio.Event) -> AsyncGenerator[NodeSignal, None]:
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[_Item] = asyncio.Queue()
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from pathlib import Path
 
 from services.preemption_watcher.model import NodeSignal
@@ -27,7 +27,7 @@ class LocalNodeSource:
         was seen alive (one that died while the watcher was down is the submitter's to find,
         when Ray reports its job's driver gone)."""
 
-    async def signals(self, stop: asyncio.Event) -> AsyncIterator[NodeSignal]:
+    async def signals(self, stop: asyncio.Event) -> AsyncGenerator[NodeSignal, None]:
         while not stop.is_set():
             for signal in await asyncio.to_thread(self.look):
                 yield signal
