@@ -54,6 +54,8 @@ class ObservedNode(Frozen):
     name: str
     free: Room
     idle_s: float
+    draining: bool = False
+    """Ray was told the node goes away (a preemption notice): nothing new goes there."""
 
 
 class NodeView(Frozen):

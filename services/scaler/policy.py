@@ -36,7 +36,9 @@ def node_views(
     now: datetime,
 ) -> list[NodeView]:
     """The scaler's view of each node: a launched node not yet in Ray is booting, with all of
-    its shape free; nodes of pools no longer configured are left out."""
+    its shape free; a draining node (under a preemption notice) has no room to offer, so its
+    jobs' next attempts get new capacity before it goes; nodes of pools no longer configured
+    are left out."""
     shapes = {p.name: p.shape for p in pools}
     views = []
     for node in provided:
@@ -48,7 +50,7 @@ def node_views(
                 name=node.name,
                 pool=node.pool,
                 ready=seen is not None,
-                free=seen.free if seen else shapes[node.pool],
+                free=(Room() if seen.draining else seen.free) if seen else shapes[node.pool],
                 idle_s=seen.idle_s if seen else 0.0,
                 age_s=max(0.0, (now - node.launched_at).total_seconds()),
             )

@@ -74,6 +74,9 @@ class Story:
     preemptions: list[Preemption] = field(default_factory=list)
     resumes: list[tuple[JobResumed, datetime]] = field(default_factory=list)
     node_of_attempt: dict[int, str] = field(default_factory=dict)
+    first_seen: dict[tuple[str, int], datetime] = field(default_factory=dict)
+    result_matches: bool | None = None
+    """When each kind of event was first published for each attempt (`started`, ...)."""
 
     def resume_after_loss_s(self) -> float:
         """The slowest resume: from each kill to the `job.resumed` of the attempt it hit."""
@@ -90,6 +93,8 @@ class Story:
 
     def tell(self, event: Event[EventData]) -> None:
         data = event.data
+        if (attempt := getattr(data, "attempt", None)) is not None:
+            self.first_seen.setdefault((data.event, attempt), event.time)
         match data:
             case JobStarted(attempt=attempt, nodes=nodes):
                 where = f" on {nodes[0]}" if nodes else ""
@@ -162,6 +167,7 @@ async def run_demo(
     if record is None or record.checkpoint_uri is None or not story.preemptions:
         raise CliError(f"{job_id} ended without the preemption the demo is about")
     matches = await asyncio.to_thread(_matches_uninterrupted, record.checkpoint_uri, workdir, run)
+    story.result_matches = matches
     out.print(f"preemptions: {len(story.preemptions)}")
     out.print(f"resume_after_loss_s: {story.resume_after_loss_s():.3f}")
     out.print(f"steps_lost: {sum(resumed.steps_lost for resumed, _ in story.resumes)}")

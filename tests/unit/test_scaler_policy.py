@@ -205,16 +205,21 @@ def test_a_pool_that_just_launched_holds_while_it_settles() -> None:
     assert plan(POOLS, [settled], [demand(gpus=2)], CONFIG, NOW).target("gpu-spot") == 2
 
 
-def test_a_launched_node_not_yet_in_ray_counts_as_booting_with_all_its_room() -> None:
+def test_a_booting_node_offers_all_its_room_and_a_draining_node_none() -> None:
     provided = [
         ProvidedNode(name="s1", pool="gpu-spot", launched_at=NOW - timedelta(seconds=90)),
         ProvidedNode(name="s2", pool="gpu-spot", launched_at=NOW - timedelta(seconds=5)),
         ProvidedNode(name="gone", pool="retired-pool", launched_at=NOW),
+        ProvidedNode(name="s3", pool="gpu-spot", launched_at=NOW - timedelta(seconds=90)),
     ]
     busy = SPOT.shape.model_copy(update={"gpus": 0})
-    observed = {"s1": ObservedNode(name="s1", free=busy, idle_s=0)}
+    observed = {
+        "s1": ObservedNode(name="s1", free=busy, idle_s=0),
+        "s3": ObservedNode(name="s3", free=SPOT.shape, idle_s=9, draining=True),
+    }
     views = node_views(POOLS, provided, observed, NOW)
     assert [(v.name, v.ready, v.free.gpus, v.age_s) for v in views] == [
         ("s1", True, 0, 90.0),
         ("s2", False, 2, 5.0),
-    ]
+        ("s3", True, 0, 90.0),
+    ], "a draining node offers no room, however free it is"

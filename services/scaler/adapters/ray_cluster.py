@@ -10,7 +10,7 @@ from services.scaler.model import Room
 from services.scaler.ports import ObservedNode
 from shared.resources import NODE_LABEL
 
-_RUNNING, _IDLE = 1, 3  # ray.core.generated.autoscaler_pb2.NodeStatus
+_RUNNING, _IDLE, _DRAINING = 1, 3, 4  # ray.core.generated.autoscaler_pb2.NodeStatus
 
 
 class RayClusterObserver:
@@ -32,7 +32,7 @@ class RayClusterObserver:
         observed = {}
         for node in state.node_states:
             name = node.labels.get(NODE_LABEL)
-            if not name or node.status not in (_RUNNING, _IDLE):
+            if not name or node.status not in (_RUNNING, _IDLE, _DRAINING):
                 continue
             free = dict(node.available_resources)
             observed[name] = ObservedNode(
@@ -43,5 +43,6 @@ class RayClusterObserver:
                     memory_gb=max(0.0, free.get("memory", 0.0)) / 1024**3,
                 ),
                 idle_s=node.idle_duration_ms / 1000,
+                draining=node.status == _DRAINING,
             )
         return observed
