@@ -1,5 +1,5 @@
 # The two set-up commands of the README live here, so CI runs exactly what users run.
-#   make demo   install, start the local stack, send a job through it
+#   make demo   install, start the local stack, preempt a training job and resume it
 #   make test   install with dev tools, then lint, type-check and run every test tier
 
 PYTHON ?= python3
@@ -38,6 +38,9 @@ down: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/bus.py
 	$(BIN)/python bench/submit.py
+	$(BIN)/python bench/recovery.py
+	$(BIN)/python bench/scaler.py
+	$(BIN)/python bench/scaler_trace.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -55,7 +55,8 @@ class ObservedNode(Frozen):
     free: Room
     idle_s: float
     draining: bool = False
-    """Ray was told the node goes away (a preemption notice): nothing new goes there."""
+    """Ray was told the node goes away (a preemption notice), or has already let it go (a
+    drained node leaves Ray once idle, before its VM is gone): nothing new goes there."""
 
 
 class NodeView(Frozen):

@@ -112,6 +112,15 @@ class NodeFolder:
         for suffix in (".json", ".pool", ".capacity", ".notice", ".released"):
             (self.path / f"{name}{suffix}").unlink(missing_ok=True)
 
+    def clear(self) -> None:
+        """Forget every node; the name counters stay, so no name is ever used twice."""
+        for path in self.path.glob("*"):
+            if not path.name.endswith(".count"):
+                path.unlink(missing_ok=True)
+
+    def withdraw_notice(self, name: str) -> None:
+        (self.path / f"{name}.notice").unlink(missing_ok=True)
+
     def _write(self, file_name: str, text: str) -> None:
         self.path.mkdir(parents=True, exist_ok=True)
         tmp = self.path / f".{file_name}.tmp"
@@ -177,6 +186,7 @@ def preempt(
         on_notice(notice)
         sleep(max(0.0, (notice.deadline - datetime.now(UTC)).total_seconds()))
     processes = kill_node(node.record)
+    folder.withdraw_notice(node.name)  # served: a notice outliving its node is noise
     return Preemption(
         node=node.name,
         pool=node.pool,

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
+from shared.localstack.nodes import NodeFolder
 from shared.localstack.processes import (
     ProcessRecord,
     is_running,
@@ -245,14 +246,13 @@ def down(settings: LocalStackSettings, progress: Progress = lambda _: None) -> l
 
 def _stop_nodes(settings: LocalStackSettings, progress: Progress) -> list[str]:
     stopped = []
-    for path in sorted(settings.node_dir.glob("*.json")):
-        record = ProcessRecord.load(path)
-        if record is not None:
-            progress(f"stopping node {record.name}")
-            stop_session(record.pid, grace_s=2)
-            stopped.append(f"node {record.name}")
-        path.unlink(missing_ok=True)
-        path.with_suffix(".pool").unlink(missing_ok=True)
+    folder = NodeFolder(settings.node_dir)
+    for node in folder.nodes():
+        progress(f"stopping node {node.name}")
+        folder.mark_released(node.name)
+        stop_session(node.record.pid, grace_s=2)
+        stopped.append(f"node {node.name}")
+    folder.clear()
     return stopped
 
 

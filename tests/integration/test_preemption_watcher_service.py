@@ -19,6 +19,7 @@ from shared.events import decode
 from shared.events.data import NodeLost, NodePreempting, NoticeSource
 from shared.localstack.nodes import NodeFolder
 from shared.localstack.ports import free_port
+from shared.localstack.processes import spawn, stop_session
 from shared.localstack.settings import LocalStackSettings
 from shared.messaging import BusSettings
 from shared.messaging.jetstream import JetStreamBus
@@ -70,6 +71,17 @@ async def test_the_watcher_relays_every_configured_source_onto_the_bus(
     healthy: dict[str, Any] = json.loads((DATA / "k8s/gke-spot-node.json").read_text())
     kube.add_node(healthy)
     home = tmp_path / "home"
+    # A local node: any process with a record in the node folder will do.
+    folder = NodeFolder(LocalStackSettings(home=home).node_dir)
+    folder.describe("gpu-spot-1", "gpu-spot", "spot")
+    node = spawn(
+        "gpu-spot-1",
+        [sys.executable, "-c", "import time; time.sleep(120)"],
+        log_path=tmp_path / "node.log",
+        env={},
+        cwd=tmp_path,
+    )
+    node.save(folder.path / "gpu-spot-1.json")
     env = {
         **os.environ,
         "SPOTRAIN_NATS_URL": bus_settings.nats_url,
@@ -95,9 +107,7 @@ async def test_the_watcher_relays_every_configured_source_onto_the_bus(
             await eventually(lambda: any(r.is_watch for r in kube.requests), timeout_s=30)
             kube.delete_node(healthy["metadata"]["name"])
             now = datetime.now(UTC)
-            NodeFolder(LocalStackSettings(home=home).node_dir).post_notice(
-                "gpu-spot-1", now + timedelta(seconds=30), now
-            )
+            folder.post_notice("gpu-spot-1", now + timedelta(seconds=30), now)
 
             async def relayed() -> list[NodePreempting | NodeLost]:
                 stored = await jetstream_bus.read(f"{jetstream_bus.prefix}.node.>")
@@ -119,6 +129,7 @@ async def test_the_watcher_relays_every_configured_source_onto_the_bus(
             assert signals["NodePreempting", NoticeSource.LOCAL].node == "gpu-spot-1"
             await eventually(lambda: len(pubsub.acks) == 1)
         finally:
+            stop_session(node.pid, grace_s=0)
             watcher.send_signal(signal.SIGTERM)
             assert watcher.wait(timeout=30) == 0
             assert watcher.stderr is not None

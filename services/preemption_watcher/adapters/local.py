@@ -35,7 +35,11 @@ class LocalNodeSource:
                 await asyncio.wait_for(stop.wait(), timeout=self._poll_interval_s)
 
     def look(self) -> list[NodeSignal]:
-        """One look at the folder: notices (repeated; the key drops repeats), then losses."""
+        """One look at the folder: notices of running nodes (repeated each look; the key
+        drops repeats), then nodes seen running before and gone now."""
+        running = {
+            node.name: node.record.pid for node in self._folder.nodes() if is_running(node.record)
+        }
         signals = [
             NodeSignal(
                 key=f"{notice.node}@{notice.deadline.isoformat()}",
@@ -47,10 +51,8 @@ class LocalNodeSource:
                 ),
             )
             for notice in self._folder.notices()
+            if notice.node in running
         ]
-        running = {
-            node.name: node.record.pid for node in self._folder.nodes() if is_running(node.record)
-        }
         for name, pid in list(self._alive.items()):
             if running.get(name) == pid:
                 continue

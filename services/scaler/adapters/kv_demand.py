@@ -3,7 +3,6 @@ queued job, and one for the pools' status."""
 
 from __future__ import annotations
 
-import contextlib
 from typing import Self
 
 import nats.js.errors
@@ -37,10 +36,14 @@ class KvDemandStore:
         if stored is None or stored[0].attempt > attempt:
             return
         # Compare-and-set: a later attempt's demand stored meanwhile stays.
-        with contextlib.suppress(
-            nats.js.errors.KeyNotFoundError, nats.js.errors.KeyWrongLastSequenceError
-        ):
+        try:
             await self._kv.delete(_key(job_id), last=stored[1])
+        except nats.js.errors.KeyNotFoundError:
+            pass
+        except nats.js.errors.BadRequestError as error:
+            # nats-py reports a failed compare-and-set on delete as a bare bad request.
+            if error.err_code != _WRONG_LAST_SEQUENCE:
+                raise
 
     async def _get(self, job_id: str) -> tuple[Demand, int] | None:
         try:
@@ -71,6 +74,7 @@ class KvDemandStore:
 
 
 _PREFIX = "demand."
+_WRONG_LAST_SEQUENCE = 10071  # JetStream's JSStreamWrongLastSequenceErr
 
 
 def _key(job_id: str) -> str:

@@ -4,6 +4,7 @@ each node's free resources, labels and idle time, read without joining as a driv
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 from services.scaler.model import Room
@@ -11,6 +12,7 @@ from services.scaler.ports import ObservedNode
 from shared.resources import NODE_LABEL
 
 _RUNNING, _IDLE, _DRAINING = 1, 3, 4  # ray.core.generated.autoscaler_pb2.NodeStatus
+_DEAD = 1  # ray.core.generated.gcs_pb2.GcsNodeInfo.GcsNodeState
 
 
 class RayClusterObserver:
@@ -45,4 +47,17 @@ class RayClusterObserver:
                 idle_s=node.idle_duration_ms / 1000,
                 draining=node.status == _DRAINING,
             )
+        # A drained node leaves Ray as soon as it is idle, while its process (its VM) lives
+        # on until the deadline; Ray's cluster state then forgets its labels, its node
+        # table does not.
+        now_ms = time.time() * 1000
+        for info in self._client.get_all_node_info().values():
+            name = dict(info.labels).get(NODE_LABEL)
+            if name and info.state == _DEAD and name not in observed:
+                observed[name] = ObservedNode(
+                    name=name,
+                    free=Room(),
+                    idle_s=max(0.0, now_ms - info.end_time_ms) / 1000,
+                    draining=True,
+                )
         return observed
