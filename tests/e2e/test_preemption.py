@@ -6,32 +6,21 @@ from __future__ import annotations
 import json
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from shared.localstack.nodes import kill_node
 from shared.localstack.processes import ProcessRecord
-from tests.e2e.stack import CLI, demo_figures, spotrain, stack_env
+from tests.e2e.stack import CLI, demo_figures, spotrain
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
-    """One stack for the module: starting one costs more than a test."""
-    env = stack_env(tmp_path_factory.mktemp("preemption") / "stack")
-    up = spotrain(env, "up")
-    assert up.returncode == 0, up.stderr + up.stdout
-    yield env
-    spotrain(env, "down")
-
-
 def test_with_a_notice_the_job_checkpoints_in_time_and_loses_at_most_one_step(
-    stack: dict[str, str],
+    local_stack: dict[str, str],
 ) -> None:
-    demo = spotrain(stack, "demo", "--notice", "5s", timeout_s=300)
+    demo = spotrain(local_stack, "demo", "--notice", "5s", timeout_s=300)
     assert demo.returncode == 0, demo.stderr + demo.stdout
     figures = demo_figures(demo.stdout)
     assert "interrupted: preempted" in demo.stdout, "stopped on request, not by the kill"
@@ -40,15 +29,15 @@ def test_with_a_notice_the_job_checkpoints_in_time_and_loses_at_most_one_step(
 
 
 def test_two_preemptions_in_a_row_with_the_checkpointer_down_during_the_second(
-    stack: dict[str, str],
+    local_stack: dict[str, str],
 ) -> None:
-    home = Path(stack["SPOTRAIN_LOCAL_HOME"])
+    home = Path(local_stack["SPOTRAIN_LOCAL_HOME"])
     lines: list[str] = []
     preempting, restarted = 0, False
     deadline = time.monotonic() + 300
     with subprocess.Popen(
         [*CLI, "demo", "--preemptions", "2"],
-        env=stack,
+        env=local_stack,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -66,7 +55,7 @@ def test_two_preemptions_in_a_row_with_the_checkpointer_down_during_the_second(
             if preempting == 2 and "killed" in line and not restarted:
                 # ...and comes back after it: the loss waits for it on the bus.
                 time.sleep(1)
-                up = spotrain(stack, "up")
+                up = spotrain(local_stack, "up")
                 assert up.returncode == 0, up.stderr
                 restarted = True
         returncode = demo.wait(timeout=30)
