@@ -14,6 +14,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+import nats.js.errors
 from nats.js import JetStreamContext
 from nats.js.api import ObjectStoreConfig, StorageType
 
@@ -117,7 +118,12 @@ async def upload(js: JetStreamContext, prefix: str, packed: PackedWorkspace) -> 
         bucket, config=ObjectStoreConfig(bucket=bucket, storage=StorageType.FILE)
     )
     name = f"{packed.sha256}.zip"
-    await store.put(name, packed.data)
+    try:
+        # Named by its hash: one already stored is this very tree. Storing it again would
+        # purge the old chunks, a right the CLI's NATS user does not have.
+        await store.get_info(name)
+    except nats.js.errors.ObjectNotFoundError:
+        await store.put(name, packed.data)
     return ObjectRef(bucket=bucket, name=name, sha256=packed.sha256, size_bytes=len(packed.data))
 
 

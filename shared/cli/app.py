@@ -16,9 +16,11 @@ from rich.table import Table
 
 from shared.cli.console import CliError, err, out
 from shared.cli.jobs import duration_s, register_job_commands
+from shared.cli.nats_config import register_nats_commands
 from shared.client import PlatformError
 from shared.localstack import stack
 from shared.localstack.settings import LocalStackSettings
+from shared.messaging.jetstream import BusAuthenticationError, BusPermissionError
 
 app = typer.Typer(
     name="spotrain",
@@ -153,6 +155,7 @@ def preempt(
 
 
 register_job_commands(app)
+register_nats_commands(app)
 
 
 def _print_statuses(statuses: list[stack.ComponentStatus]) -> None:
@@ -180,7 +183,13 @@ def main(argv: list[str] | None = None) -> NoReturn:
         # Usage errors: unknown option, missing or invalid argument.
         message = error.format_message() if hasattr(error, "format_message") else str(error)
         _fail(message, getattr(error, "exit_code", 2))
-    except (CliError, stack.StackError, PlatformError) as error:
+    except (
+        CliError,
+        stack.StackError,
+        PlatformError,
+        BusPermissionError,
+        BusAuthenticationError,
+    ) as error:
         _fail(str(error), getattr(error, "exit_code", 1))
     except KeyboardInterrupt:
         _fail("interrupted", 130)

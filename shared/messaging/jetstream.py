@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import secrets
+import ssl
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from types import TracebackType
 from typing import Any, Self
 
 import nats.errors
@@ -60,6 +65,120 @@ class BusUnavailableError(RuntimeError):
     """The NATS server could not be reached within the configured time."""
 
 
+class BusAuthenticationError(RuntimeError):
+    """The NATS server refused the connection's user, password or credentials."""
+
+
+class Refused(StrEnum):
+    PUBLISH = "publish to"
+    SUBSCRIBE = "subscribe to"
+
+
+class BusPermissionError(RuntimeError):
+    """The server's permissions do not let this connection's user publish or subscribe to a
+    subject. Not an `OSError`: retrying cannot help, the configuration must change."""
+
+    def __init__(self, user: str, refused: Refused, subject: str, doing: str | None) -> None:
+        needed = f", needed to {doing}" if doing else ""
+        super().__init__(f"NATS user {user!r} may not {refused} {subject!r}{needed}")
+        self.user = user
+        self.refused = refused
+        self.subject = subject
+
+
+@dataclass(frozen=True)
+class _Refusal:
+    refused: Refused
+    subject: str
+    """As the server reported it; nats-py lower-cases the whole message."""
+
+
+_PERMISSIONS_VIOLATION = re.compile(
+    r'permissions violation for (publish|subscription) to "([^"]+)"'
+)
+
+
+def _refusal(error: Exception) -> _Refusal | None:
+    match = _PERMISSIONS_VIOLATION.search(str(error).lower())
+    if match is None:
+        return None
+    refused = Refused.PUBLISH if match.group(1) == "publish" else Refused.SUBSCRIBE
+    return _Refusal(refused, match.group(2))
+
+
+def _is_authentication_failure(error: Exception) -> bool:
+    return isinstance(error, nats.errors.AuthorizationError) or (
+        "authorization violation" in str(error).lower()
+    )
+
+
+class PermissionChecked:
+    """Ends the operation inside it with `BusPermissionError` as soon as the server refuses
+    one of its subjects, instead of letting it wait for an answer that never comes.
+
+    Works like `asyncio.timeout`: the refusal, reported on the connection, cancels the task
+    inside the block, and the cancellation becomes the error. The server does not say which
+    request a refusal answers, so a block takes every refusal reported while it runs, or,
+    given a subject (a prefix if it ends in `>`), the refusals of that subject and of any
+    subscription (a refused reply inbox fails every request). The subject in the error is
+    as the server reported it, which nats-py lower-cases.
+    """
+
+    def __init__(self, bus: JetStreamBus, doing: str | None, subject: str | None) -> None:
+        self._bus = bus
+        self._doing = doing
+        self._subject = subject
+        self._task: asyncio.Task[Any] | None = None
+        self._cancelling = 0
+        self._refusal: _Refusal | None = None
+
+    def concerns(self, refusal: _Refusal) -> bool:
+        if self._subject is None or refusal.refused is Refused.SUBSCRIBE:
+            return True
+        subject = self._subject.lower()
+        if subject.endswith(">"):
+            return refusal.subject.startswith(subject[:-1])
+        return refusal.subject == subject
+
+    def refuse(self, refusal: _Refusal) -> None:
+        if self._refusal is None and self._task is not None:
+            self._refusal = refusal
+            self._task.cancel()
+
+    async def __aenter__(self) -> Self:
+        self._task = asyncio.current_task()
+        if self._task is None:
+            msg = "PermissionChecked must be used inside a task"
+            raise RuntimeError(msg)
+        self._cancelling = self._task.cancelling()
+        self._bus._checks.add(self)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._bus._checks.discard(self)
+        refusal = self._refusal
+        if refusal is None or self._task is None:
+            return
+        if self._task.uncancel() > self._cancelling and exc_type is asyncio.CancelledError:
+            return  # cancelled from outside as well: that cancellation wins
+        subject = self._subject if refusal.subject == (self._subject or "").lower() else None
+        doing = self._doing
+        inbox = self._bus.inbox_prefix
+        if refusal.refused is Refused.SUBSCRIBE and refusal.subject.startswith(f"{inbox}.".lower()):
+            doing = (
+                f"hear replies under SPOTRAIN_NATS_INBOX_PREFIX={inbox}; "
+                "a role's replies come under its own prefix (_INBOX_<role>)"
+            )
+        raise BusPermissionError(
+            self._bus.user, refusal.refused, subject or refusal.subject, doing
+        ) from None
+
+
 class JetStreamBus:
     """`EventBus` on a NATS JetStream stream that captures `<prefix>.>`."""
 
@@ -68,37 +187,99 @@ class JetStreamBus:
         self._js: JetStreamContext = self._nc.jetstream(timeout=5)
         self._settings = settings
         self._closing = False
+        self._checks: set[PermissionChecked] = set()
+        self._authentication_failed: asyncio.Future[Any] | None = None
+        self._connect_error: Exception | None = None
+        """The last error while connecting the first time: says why it is taking so long."""
 
     @classmethod
     async def connect(cls, settings: BusSettings, *, name: str) -> Self:
-        """Connect, retrying until `connect_timeout_s`; later reconnects are automatic."""
+        """Connect, retrying until `connect_timeout_s`; later reconnects are automatic.
+
+        Raises `BusUnavailableError` when no server answers in time, and
+        `BusAuthenticationError` at once when the server refuses the credentials."""
         bus = cls(settings)
-        try:
-            # nats-py retries the first connection as it retries reconnects: forever, with
-            # max_reconnect_attempts=-1; the deadline bounds it.
-            await asyncio.wait_for(
-                bus._nc.connect(
-                    settings.nats_url,
-                    name=name,
-                    user_credentials=settings.nats_creds_file,
-                    allow_reconnect=True,
-                    max_reconnect_attempts=-1,
-                    reconnect_time_wait=1,
-                    connect_timeout=2,
-                    drain_timeout=5,
-                    error_cb=bus._on_error,
-                    disconnected_cb=bus._on_disconnected,
-                    reconnected_cb=bus._on_reconnected,
-                ),
-                timeout=settings.connect_timeout_s,
+        password = settings.nats_password
+        failed: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        bus._authentication_failed = failed
+        # nats-py retries the first connection as it retries reconnects: forever, with
+        # max_reconnect_attempts=-1; the deadline bounds it.
+        connecting: asyncio.Future[Any] = asyncio.ensure_future(
+            bus._nc.connect(
+                settings.nats_url,
+                name=name,
+                user_credentials=settings.nats_creds_file,
+                user=settings.nats_user,
+                password=password.get_secret_value() if password else None,
+                inbox_prefix=settings.nats_inbox_prefix,
+                tls=_tls_context(settings),
+                tls_hostname=settings.nats_tls_hostname,
+                allow_reconnect=True,
+                max_reconnect_attempts=-1,
+                reconnect_time_wait=1,
+                connect_timeout=2,
+                drain_timeout=5,
+                error_cb=bus._on_error,
+                disconnected_cb=bus._on_disconnected,
+                reconnected_cb=bus._on_reconnected,
             )
-        except (*_TRANSIENT, nats.errors.NoServersError) as error:
+        )
+        try:
+            done, _ = await asyncio.wait(
+                {connecting, failed},
+                timeout=settings.connect_timeout_s,
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+            if failed in done:
+                who = f"user {settings.nats_user!r}" if settings.nats_user else "this client"
+                msg = (
+                    f"NATS at {settings.nats_url} refused {who}: "
+                    f"{failed.result()} (check the user and password, "
+                    "or the credentials file)"
+                )
+                raise BusAuthenticationError(msg)
+            if connecting not in done:
+                raise TimeoutError
+            connecting.result()
+        except (*_TRANSIENT, nats.errors.NoServersError, BusAuthenticationError) as error:
             bus._closing = True
+            connecting.cancel()
+            with contextlib.suppress(*_TRANSIENT, asyncio.CancelledError):
+                await connecting
             with contextlib.suppress(*_TRANSIENT):
                 await bus._nc.close()
-            msg = f"cannot reach NATS at {settings.nats_url}: {error or type(error).__name__}"
+            if isinstance(error, BusAuthenticationError):
+                raise
+            msg = f"cannot reach NATS at {settings.nats_url}: {str(error) or type(error).__name__}"
+            if bus._connect_error is not None and bus._connect_error is not error:
+                msg += f" (last error: {bus._connect_error})"
             raise BusUnavailableError(msg) from error
+        finally:
+            bus._authentication_failed = None
         return bus
+
+    @property
+    def inbox_prefix(self) -> str:
+        return self._settings.nats_inbox_prefix
+
+    @property
+    def user(self) -> str:
+        """Who this connection is, as far as the client knows: for error messages."""
+        s = self._settings
+        if s.nats_user:
+            return s.nats_user
+        return f"(credentials {s.nats_creds_file})" if s.nats_creds_file else "(no user)"
+
+    def permission_checked(
+        self, doing: str | None = None, *, subject: str | None = None
+    ) -> PermissionChecked:
+        """`async with bus.permission_checked("read the jobs bucket"): ...` turns a refusal
+        by the server's permissions into `BusPermissionError` at once; without it, a refused
+        request waits for its timeout and a refused subscription just stays silent. To see
+        a subscription's refusal, `await bus.client.flush()` inside the block. With
+        `subject` (a prefix if it ends in `>`), only refusals of those subjects and of
+        subscriptions count, so that other work on the connection cannot fail this one."""
+        return PermissionChecked(self, doing, subject)
 
     @property
     def prefix(self) -> str:
@@ -128,13 +309,15 @@ class JetStreamBus:
             duplicate_window=s.duplicate_window_s,
             num_replicas=s.stream_replicas,
         )
-        try:
-            await self._js.stream_info(s.stream)
-        except nats.js.errors.NotFoundError:
-            await self._js.add_stream(config)
-            log.info("stream.created", stream=s.stream)
-        else:
-            await self._js.update_stream(config)
+        doing = f"declare the stream {s.stream}"
+        async with self.permission_checked(doing, subject="$JS.API.STREAM.>"):
+            try:
+                await self._js.stream_info(s.stream)
+            except nats.js.errors.NotFoundError:
+                await self._js.add_stream(config)
+                log.info("stream.created", stream=s.stream)
+            else:
+                await self._js.update_stream(config)
 
     async def close(self) -> None:
         """Flush what is buffered and close; in-flight handlers must have finished."""
@@ -174,7 +357,10 @@ class JetStreamBus:
         delay_s = 0.05
         while True:
             try:
-                ack = await self._js.publish(subject, data, timeout=2, headers=dict(headers or {}))
+                async with self.permission_checked(subject=subject):
+                    ack = await self._js.publish(
+                        subject, data, timeout=2, headers=dict(headers or {})
+                    )
             except _TRANSIENT:
                 # Re-publishing is safe: the message id makes a second copy a duplicate.
                 if time.monotonic() + delay_s > deadline:
@@ -186,12 +372,17 @@ class JetStreamBus:
 
     async def consume(self, subscription: Subscription, stop: asyncio.Event) -> None:
         psub = await self._subscribe(subscription)
+        # Only a refusal of this pull is this loop's; a handler's refused publish is the
+        # handler's own error, running beside it on the same connection.
+        doing = f"consume as {subscription.durable}"
+        next_subject = f"$JS.API.CONSUMER.MSG.NEXT.{self._settings.stream}.{subscription.durable}"
         try:
             async with HandlerTasks(subscription.max_concurrency) as handlers:
                 while not stop.is_set():
                     await handlers.wait_for_slot()
                     try:
-                        messages = await psub.fetch(handlers.free, timeout=0.5)
+                        async with self.permission_checked(doing, subject=next_subject):
+                            messages = await psub.fetch(handlers.free, timeout=0.5)
                     except (nats.errors.TimeoutError, TimeoutError):
                         continue  # nothing to fetch in this round
                     except _TRANSIENT as error:
@@ -221,10 +412,14 @@ class JetStreamBus:
         )
         while True:
             try:
-                await self._js.add_consumer(self._settings.stream, config)
-                return await self._js.pull_subscribe_bind(
-                    durable=subscription.durable, stream=self._settings.stream
-                )
+                doing = f"consume as {subscription.durable}"
+                async with self.permission_checked(doing, subject="$JS.API.CONSUMER.>"):
+                    await self._js.add_consumer(self._settings.stream, config)
+                    psub = await self._js.pull_subscribe_bind(
+                        durable=subscription.durable, stream=self._settings.stream
+                    )
+                    await self._nc.flush()  # a refused reply subscription shows up here
+                    return psub
             except _TRANSIENT as error:
                 log.warning(
                     "consumer.create_failed", service=subscription.service, error=str(error)
@@ -266,6 +461,11 @@ class JetStreamBus:
             log.warning("consumer.settle_failed", service=subscription.service, error=str(error))
 
     async def read(self, subject: str) -> list[StoredMessage]:
+        doing = f"read {subject} from the stream"
+        async with self.permission_checked(doing, subject="$JS.API.CONSUMER.>"):
+            return await self._read(subject)
+
+    async def _read(self, subject: str) -> list[StoredMessage]:
         # A consumer of its own for this read, deleted after it: polling readers must not
         # leave ephemeral consumers behind until the server's limit is reached.
         name = f"read-{secrets.token_hex(6)}"
@@ -306,6 +506,26 @@ class JetStreamBus:
         return stored
 
     async def _on_error(self, error: Exception) -> None:
+        refusal = _refusal(error)
+        if refusal is not None:
+            for check in list(self._checks):
+                if check.concerns(refusal):
+                    check.refuse(refusal)
+            log.error(
+                "nats.permission_denied",
+                user=self.user,
+                refused=refusal.refused.value,
+                subject=refusal.subject,
+            )
+            return
+        if self._authentication_failed is not None:
+            self._connect_error = error
+        if _is_authentication_failure(error):
+            failed = self._authentication_failed
+            if failed is not None and not failed.done():
+                failed.set_result(str(error).removeprefix("nats: ").strip("'"))
+            log.error("nats.authentication_failed", user=self.user, error=str(error))
+            return
         # Refused connections while the server restarts are expected and already reported
         # by the disconnection; repeating them every second says nothing new.
         if not self._closing and not isinstance(error, ConnectionRefusedError):
@@ -317,3 +537,16 @@ class JetStreamBus:
 
     async def _on_reconnected(self) -> None:
         log.info("nats.reconnected", url=self._settings.nats_url)
+
+
+def _tls_context(settings: BusSettings) -> ssl.SSLContext | None:
+    """A context for a private CA or a client certificate; None lets nats-py use the
+    system's trust store for a `tls://` URL (or a server that asks for TLS)."""
+    if settings.nats_tls_ca_file is None and settings.nats_tls_cert_file is None:
+        return None
+    context = ssl.create_default_context(
+        cafile=str(settings.nats_tls_ca_file) if settings.nats_tls_ca_file else None
+    )
+    if settings.nats_tls_cert_file is not None and settings.nats_tls_key_file is not None:
+        context.load_cert_chain(settings.nats_tls_cert_file, settings.nats_tls_key_file)
+    return context

@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from pathlib import Path
+from typing import Self
+
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shared.events import DEFAULT_PREFIX
+
+
+def default_stream_name(prefix: str) -> str:
+    """The stream of a prefix when none is named: the prefix in capitals."""
+    return prefix.upper().replace("-", "_")
 
 
 class BusSettings(BaseSettings):
@@ -16,6 +24,18 @@ class BusSettings(BaseSettings):
     nats_url: str = "nats://127.0.0.1:4222"
     nats_creds_file: str | None = None
     """A NATS credentials file, one per service in production."""
+    nats_user: str | None = None
+    """A user of the server's own `authorization` block (`spotrain nats-config`)."""
+    nats_password: SecretStr | None = None
+    nats_inbox_prefix: str = Field("_INBOX", pattern=r"^[A-Za-z0-9_-]+$")
+    """Where replies come back; one per role, so that no role can read another's replies."""
+    nats_tls_ca_file: Path | None = None
+    """The CA that signed the server's certificate, when it is not a public one."""
+    nats_tls_cert_file: Path | None = None
+    """A client certificate, for a server that verifies clients (mutual TLS)."""
+    nats_tls_key_file: Path | None = None
+    nats_tls_hostname: str | None = None
+    """The name the server's certificate must carry, when it differs from the URL's host."""
     subject_prefix: str = Field(DEFAULT_PREFIX, pattern=r"^[a-z][a-z0-9_-]{0,31}$")
     stream_name: str | None = None
     """Defaults to the subject prefix in capitals."""
@@ -31,6 +51,16 @@ class BusSettings(BaseSettings):
     """How long a publish retries through a server restart before it fails."""
     ack_wait_s: float = Field(60, gt=0)
 
+    @model_validator(mode="after")
+    def _pairs_are_complete(self) -> Self:
+        if self.nats_password is not None and self.nats_user is None:
+            msg = "nats_password needs nats_user"
+            raise ValueError(msg)
+        if (self.nats_tls_cert_file is None) != (self.nats_tls_key_file is None):
+            msg = "nats_tls_cert_file and nats_tls_key_file go together"
+            raise ValueError(msg)
+        return self
+
     @property
     def stream(self) -> str:
-        return self.stream_name or self.subject_prefix.upper().replace("-", "_")
+        return self.stream_name or default_stream_name(self.subject_prefix)

@@ -1,0 +1,486 @@
+"""Who may do what on the bus: the permission table, as data a reviewer can read.
+
+Each role is one NATS user. A role's row lists its grants; each grant names the subjects it
+opens, derived from the event catalog and the bucket names, never spelled twice. Pure: no
+I/O, no randomness.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Protocol
+
+from shared.events import all_subjects, dlq_subject, subject_for
+from shared.events.data import (
+    EventData,
+    JobAccepted,
+    JobCancelled,
+    JobCancelRequested,
+    JobCheckpointed,
+    JobFailed,
+    JobInterrupted,
+    JobProgress,
+    JobQueued,
+    JobRejected,
+    JobRequested,
+    JobResumed,
+    JobStarted,
+    JobSucceeded,
+    NodeJoined,
+    NodeLaunched,
+    NodeLost,
+    NodePreempting,
+    NodeReleased,
+    PoolResized,
+    PoolResizeFailed,
+    PoolResizeRequested,
+)
+from shared.jobs import jobs_bucket
+from shared.pools import pools_bucket
+from shared.workspace import workspaces_bucket
+
+JS_API = "$JS.API"
+
+
+class Role(StrEnum):
+    """One NATS user each; a service's role has the service's name."""
+
+    SUBMITTER = "submitter"
+    SCALER = "scaler"
+    PREEMPTION_WATCHER = "preemption_watcher"
+    CHECKPOINTER = "checkpointer"
+    METADATA_AGENT = "metadata_agent"
+    CLI = "cli"
+    SLACK = "slack"
+    OPS = "ops"
+
+
+class Bucket(StrEnum):
+    JOBS = "jobs"
+    POOLS = "pools"
+    WORKSPACES = "workspaces"
+
+
+def replay_subjects(prefix: str) -> str:
+    """Where `spotrain events replay` re-delivers past events: `<prefix>.replay.<service>`.
+
+    Inside the stream's `<prefix>.>`, so a replay is on the record like any event."""
+    return f"{prefix}.replay.>"
+
+
+def inbox_prefix(role: Role) -> str:
+    """Each role's replies arrive under its own prefix, so no role can read another's."""
+    return f"_INBOX_{role.value}"
+
+
+@dataclass(frozen=True)
+class BusNames:
+    """The names the subjects are built from: the prefix, the stream, the buckets."""
+
+    prefix: str
+    stream: str
+
+    def bucket(self, bucket: Bucket) -> str:
+        match bucket:
+            case Bucket.JOBS:
+                return jobs_bucket(self.prefix)
+            case Bucket.POOLS:
+                return pools_bucket(self.prefix)
+            case Bucket.WORKSPACES:
+                return workspaces_bucket(self.prefix)
+
+    def kv_stream(self, bucket: Bucket) -> str:
+        return f"KV_{self.bucket(bucket)}"
+
+    def object_stream(self, bucket: Bucket) -> str:
+        return f"OBJ_{self.bucket(bucket)}"
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One subject a user may (or, with `deny`, may not) publish or subscribe to."""
+
+    subject: str
+    why: str
+    subscribe: bool = False
+    deny: bool = False
+
+
+class Grant(Protocol):
+    """Something a role does on the bus, and the subjects that takes."""
+
+    def rules(self, names: BusNames, durables: Sequence[str]) -> list[Rule]:
+        """The subjects; `durables` are the other roles' durable consumers, to keep off."""
+        ...
+
+
+@dataclass(frozen=True)
+class Publishes:
+    """Publishes these events (each on its catalog subject), into the stream."""
+
+    events: tuple[type[EventData], ...]
+
+    def rules(self, names: BusNames, durables: Sequence[str]) -> list[Rule]:
+        return [
+            Rule(subject_for(model, names.prefix), f"publishes {model.event_type()}")
+            for model in self.events
+        ]
+
+
+@dataclass(frozen=True)
+class DeclaresStream:
+    """Checks the event stream at start, creating or updating it (`ensure_stream`); never
+    deletes or purges it."""
+
+    def rules(self, names: BusNames, durables: Sequence[str]) -> list[Rule]:
+        why = "declares the event stream at start"
+        return [
+            Rule(f"{JS_API}.STREAM.{verb}.{names.stream}", why)
+            for verb in ("INFO", "CREATE", "UPDATE")
+        ]
+
+
+@dataclass(frozen=True)
+class Consumes:
+    """Pulls from its own durable consumer, acks there, dead-letters to its own subject."""
+
+    durable: str
+
+    def rules(self, names: BusNames, durables: Sequence[str]) -> list[Rule]:
+        why = f"consumes as {self.durable}"
+        s, d = names.stream, self.durable
+        return [
+            Rule(f"{JS_API}.CONSUMER.DURABLE.CREATE.{s}.{d}", why),
+            Rule(f"{JS_API}.CONSUMER.MSG.NEXT.{s}.{d}", why),
+            Rule(f"$JS.ACK.{s}.{d}.>", why),
+            Rule(dlq_subject(d, names.prefix), f"dead-letters what {d} cannot handle"),
+        ]
+
+
+@dataclass(frozen=True)
+class ReadsHistory:
+    """Reads these aggregates' stored events (`spotrain show`, `spotrain cost`) through
+    short-lived consumers of its own (`bus.read`); never touches a service's consumer."""
+
+    aggregates: tuple[str, ...]
+
+    def rules(self, names: BusNames, durables: Sequence[str]) -> list[Rule]:
+        s = names.stream
+        rules = [
+            # The server refuses a consumer whose own filter is not the one in the subject,
+            # so a reader cannot widen what it reads.
+            Rule(
+                f"{JS_API}.CONSUMER.CREATE.{s}.*.{names.prefix}.{aggregate}.>",
+                f"reads stored {aggregate} events",
+            )
+            for aggregate in self.aggregates
+        ]
+        why = "reads stored events through its own short-lived consumers"
+        rules += [
+            Rule(f"{JS_API}.CONSUMER.{verb}.{s}.*", why) for verb in ("INFO", "MSG.NEXT", "DELETE")
+        ]
+        # A service's consumer is not a reader's: not to take from, redefine or delete.
+        for durable in durables:
+            keep_off = f"keeps off {durable}'s consumer"
+            rules.append(Rule(f"{JS_API}.CONSUMER.CREATE.{s}.{durable}.>", keep_off, deny=True))
+            rules += [
+                Rule(f"{JS_API}.CONSUMER.{verb}.{s}.{durable}", keep_off, deny=True)
+                for verb in ("INFO", "MSG.NEXT", "DELETE")
+            ]
+        return rules
+
+
+@dataclass(frozen=True)
+class Follows:
+    """Hears an aggregate's events as they happen, on core NATS (`spotrain watch`, the
+    answer to a submission); sees them, cannot take them from any consumer."""
+
+    aggregate: str
+
+    def rules(self, names: BusNames, durables: Sequence[str]) -> list[Rule]:
+        why = f"follows {self.aggregate} events as they happen"
+        return [Rule(f"{names.prefix}.{self.aggregate}.>", why, subscribe=True)]
+
+
+def _bucket_reads(stream: str, why: str, *, listing: bool) -> list[Rule]:
+    # A get goes to the stream, or straight to a replica when the bucket allows direct gets
+    # (nats-py's buckets do not, the `nats` CLI's do).
+    rules = [
+        Rule(f"{JS_API}.STREAM.INFO.{stream}", why),
+        Rule(f"{JS_API}.STREAM.MSG.GET.{stream}", why),
+        Rule(f"{JS_API}.DIRECT.GET.{stream}", why),
+        Rule(f"{JS_API}.DIRECT.GET.{stream}.>", why),
+    ]
+    if listing:
+        # Listing keys and reading objects go through an ordered push consumer with flow
+        # control, delivered to the reader's inbox; nats-py creates it unnamed, newer
+        # clients name it.
+        rules += [
+            Rule(f"{JS_API}.CONSUMER.CREATE.{stream}", why),
+            Rule(f"{JS_API}.CONSUMER.CREATE.{stream}.>", why),
+            Rule(f"{JS_API}.CONSUMER.INFO.{stream}.>", why),
+            Rule(f"$JS.FC.{stream}.>", why),
+        ]
+    return rules
+
+
+@dataclass(frozen=True)
+class ReadsBucket:
+    """Reads a key-value bucket: gets keys, and lists them when `listing`."""
+
+    bucket: Bucket
+    listing: bool = True
+
+    def rules(self, names: BusNames, durables: Sequence[str]) -> list[Rule]:
+        why = f"reads the {names.bucket(self.bucket)} bucket"
+        return _bucket_reads(names.kv_stream(self.bucket), why, listing=self.listing)
+
+
+@dataclass(frozen=True)
+class WritesBucket:
+    """Declares and writes a key-value bucket: its one writer."""
+
+    bucket: Bucket
+
+    def rules(self, names: BusNames, durables: Sequence[str]) -> list[Rule]:
+        name = names.bucket(self.bucket)
+        why = f"the one writer of the {name} bucket"
+        stream = names.kv_stream(self.bucket)
+        return [
+            Rule(f"{JS_API}.STREAM.CREATE.{stream}", why),
+            Rule(f"$KV.{name}.>", why),
+            *_bucket_reads(stream, why, listing=True),
+        ]
+
+
+@dataclass(frozen=True)
+class ReadsObjects:
+    """Downloads from an object store bucket."""
+
+    bucket: Bucket
+
+    def rules(self, names: BusNames, durables: Sequence[str]) -> list[Rule]:
+        why = f"downloads from the {names.bucket(self.bucket)} object store"
+        return [
+            *_bucket_reads(names.object_stream(self.bucket), why, listing=True),
+            # nats-py finds the stream behind the chunks' subject by asking for stream names.
+            Rule(f"{JS_API}.STREAM.NAMES", why),
+        ]
+
+
+@dataclass(frozen=True)
+class WritesObjects:
+    """Declares an object store bucket and uploads new objects to it. Not purging: nats-py
+    purges the old chunks when a name is stored again, and a client that may purge may
+    empty the whole store, so an upload skips a name that is already there (uploads are
+    content-addressed)."""
+
+    bucket: Bucket
+
+    def rules(self, names: BusNames, durables: Sequence[str]) -> list[Rule]:
+        name = names.bucket(self.bucket)
+        why = f"uploads to the {name} object store"
+        stream = names.object_stream(self.bucket)
+        return [
+            Rule(f"{JS_API}.STREAM.CREATE.{stream}", why),
+            Rule(f"$O.{name}.C.>", why),
+            Rule(f"$O.{name}.M.>", why),
+            *_bucket_reads(stream, why, listing=False),
+        ]
+
+
+@dataclass(frozen=True)
+class Operates:
+    """Operators: the whole JetStream API (streams, consumers, replays, imports), every
+    event subject including the replay subjects; still not a writer of the state buckets,
+    which keep one writer each."""
+
+    def rules(self, names: BusNames, durables: Sequence[str]) -> list[Rule]:
+        why = "operates the bus: streams, consumers, export, import, replay"
+        events = all_subjects(names.prefix)
+        return [
+            Rule(f"{JS_API}.>", why),
+            Rule("$JS.ACK.>", why),
+            Rule("$JS.FC.>", why),
+            Rule(events, "imports and replays events, replay subjects included"),
+            Rule(events, "tails every event", subscribe=True),
+            Rule("$KV.>", "buckets keep one writer each, and it is a service", deny=True),
+            Rule("$O.>", "object stores are written by their clients", deny=True),
+        ]
+
+
+@dataclass(frozen=True)
+class RoleSpec:
+    """A row of the table: who the role is and what it may do."""
+
+    role: Role
+    summary: str
+    grants: tuple[Grant, ...]
+
+    @property
+    def durables(self) -> tuple[str, ...]:
+        return tuple(g.durable for g in self.grants if isinstance(g, Consumes))
+
+
+def _service(
+    role: Role, summary: str, publishes: Iterable[type[EventData]], *more: Grant
+) -> RoleSpec:
+    """A service's row: it declares the stream, consumes as its own durable consumer (named
+    after it) and dead-letters to its own subject, publishes these events, and more."""
+    return RoleSpec(
+        role,
+        summary,
+        (DeclaresStream(), Consumes(role.value), Publishes(tuple(publishes)), *more),
+    )
+
+
+CLIENT_REQUESTS = (JobRequested, JobCancelRequested)
+"""All a client may publish: it asks; the services decide and publish the facts."""
+
+TABLE: tuple[RoleSpec, ...] = (
+    _service(
+        Role.SUBMITTER,
+        "admits, queues and runs jobs on Ray; the one writer of the jobs bucket",
+        (
+            JobAccepted,
+            JobRejected,
+            JobQueued,
+            JobStarted,
+            JobProgress,
+            JobInterrupted,
+            JobSucceeded,
+            JobFailed,
+            JobCancelled,
+        ),
+        WritesBucket(Bucket.JOBS),
+        ReadsObjects(Bucket.WORKSPACES),
+    ),
+    _service(
+        Role.SCALER,
+        "sizes the pools and announces the nodes it bills; the only publisher of pool events,"
+        " the one writer of the pools bucket",
+        (PoolResizeRequested, PoolResized, PoolResizeFailed, NodeLaunched, NodeReleased),
+        WritesBucket(Bucket.POOLS),
+    ),
+    _service(
+        Role.PREEMPTION_WATCHER,
+        "turns preemption notices and lost nodes into events",
+        (NodePreempting, NodeLost),
+    ),
+    _service(
+        Role.CHECKPOINTER,
+        "resumes interrupted jobs from their latest checkpoint, or gives up on them",
+        (JobResumed, JobFailed),
+        ReadsBucket(Bucket.JOBS, listing=False),
+    ),
+    RoleSpec(
+        Role.METADATA_AGENT,
+        "one per node: relays its own VM's preemption notice; consumes nothing",
+        (DeclaresStream(), Publishes((NodePreempting,))),
+    ),
+    RoleSpec(
+        Role.CLI,
+        "data scientists: submit (with a workspace upload) and cancel; read jobs, their"
+        " history and costs, and the pools",
+        (
+            Publishes(CLIENT_REQUESTS),
+            WritesObjects(Bucket.WORKSPACES),
+            ReadsBucket(Bucket.JOBS),
+            ReadsBucket(Bucket.POOLS, listing=False),
+            ReadsHistory(("job", "node")),
+            Follows("job"),
+        ),
+    ),
+    RoleSpec(
+        Role.SLACK,
+        "the Slack bot: submits and cancels on a user's behalf, posts job events to threads,"
+        " reads jobs and pools",
+        (
+            DeclaresStream(),
+            Consumes("slack"),
+            Publishes(CLIENT_REQUESTS),
+            ReadsBucket(Bucket.JOBS),
+            ReadsBucket(Bucket.POOLS, listing=False),
+        ),
+    ),
+    RoleSpec(
+        Role.OPS,
+        "operators: replay, import, export, tail; administer the stream",
+        (Operates(),),
+    ),
+)
+
+NOT_YET_PUBLISHED: frozenset[type[EventData]] = frozenset({JobCheckpointed, NodeJoined})
+"""Catalog events no role publishes today (ops aside); whoever adds a publisher adds the
+grant to its row."""
+
+
+@dataclass(frozen=True)
+class UserPermissions:
+    """One user's subjects, each with the reasons it is there."""
+
+    role: Role
+    summary: str
+    publish_allow: Mapping[str, tuple[str, ...]]
+    publish_deny: Mapping[str, tuple[str, ...]]
+    subscribe_allow: Mapping[str, tuple[str, ...]]
+    subscribe_deny: Mapping[str, tuple[str, ...]]
+
+    def may_publish(self, subject: str) -> bool:
+        """What the server answers: allowed by a pattern, and denied by none."""
+        return _allowed(subject, self.publish_allow, self.publish_deny)
+
+    def may_subscribe(self, subject: str) -> bool:
+        return _allowed(subject, self.subscribe_allow, self.subscribe_deny)
+
+
+def subject_matches(pattern: str, subject: str) -> bool:
+    """NATS matching: `*` is one token, a final `>` one or more."""
+    words = subject.split(".")
+    wildcards = pattern.split(".")
+    for i, word in enumerate(wildcards):
+        if word == ">":
+            return len(words) > i
+        if i >= len(words) or word not in ("*", words[i]):
+            return False
+    return len(wildcards) == len(words)
+
+
+def _allowed(subject: str, allow: Iterable[str], deny: Iterable[str]) -> bool:
+    return any(subject_matches(p, subject) for p in allow) and not any(
+        subject_matches(p, subject) for p in deny
+    )
+
+
+def permissions(names: BusNames, table: Sequence[RoleSpec] = TABLE) -> dict[Role, UserPermissions]:
+    """Each role's subjects, from the table. Pure."""
+    durables = [d for spec in table for d in spec.durables]
+    result = {}
+    for spec in table:
+        # A role may do to its own consumer what readers may not do to anyone's.
+        others = [d for d in durables if d not in spec.durables]
+        rules = [rule for grant in spec.grants for rule in grant.rules(names, others)]
+        rules.append(
+            Rule(f"{inbox_prefix(spec.role)}.>", "replies to its own requests", subscribe=True)
+        )
+        result[spec.role] = UserPermissions(
+            role=spec.role,
+            summary=spec.summary,
+            publish_allow=_collect(rules, subscribe=False, deny=False),
+            publish_deny=_collect(rules, subscribe=False, deny=True),
+            subscribe_allow=_collect(rules, subscribe=True, deny=False),
+            subscribe_deny=_collect(rules, subscribe=True, deny=True),
+        )
+    return result
+
+
+def _collect(rules: Iterable[Rule], *, subscribe: bool, deny: bool) -> dict[str, tuple[str, ...]]:
+    collected: dict[str, list[str]] = {}
+    for rule in rules:
+        if rule.subscribe == subscribe and rule.deny == deny:
+            reasons = collected.setdefault(rule.subject, [])
+            if rule.why not in reasons:
+                reasons.append(rule.why)
+    return {subject: tuple(reasons) for subject, reasons in collected.items()}
