@@ -11,7 +11,8 @@ import contextlib
 import getpass
 import re
 import secrets
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Self
 
@@ -19,7 +20,8 @@ import nats.errors
 import nats.js.errors
 
 from shared.clock import Clock, SystemClock
-from shared.events import Event, EventData, decode, new_event, subject_for
+from shared.cost import COST_EVENTS, Ledger, PoolPrice, ledger
+from shared.events import Event, EventData, decode, new_event, subject_for, subjects_for
 from shared.events.data import (
     JobAccepted,
     JobCancelled,
@@ -217,6 +219,30 @@ class SpotrainClient:
         finally:
             with contextlib.suppress(nats.errors.Error):
                 await sub.unsubscribe()
+
+    async def cost_events(self) -> list[Event[EventData]]:
+        """The stored events cost accounting reads (node lifetimes, job placements and
+        outcomes), oldest first; job progress, the bulk of the stream, is not read."""
+        subjects = subjects_for(COST_EVENTS, self.prefix)
+        try:
+            batches = await asyncio.gather(*(self._bus.read(subject) for subject in subjects))
+        except nats.js.errors.NotFoundError:
+            return []  # no stream yet: nothing was ever recorded
+        events = []
+        for stored in sorted((m for batch in batches for m in batch), key=lambda m: m.seq):
+            try:
+                events.append(decode(stored.data))
+            except ValueError:
+                continue
+        return events
+
+    async def costs(
+        self, *, since: datetime | None = None, prices: Mapping[str, PoolPrice] | None = None
+    ) -> Ledger:
+        """Every node-second billed since `since` (all of it by default) up to now,
+        attributed to the attempts that held the nodes or to idle; see `shared.cost`."""
+        events = await self.cost_events()
+        return ledger(events, now=self._clock.now(), since=since, prices=prices)
 
     async def pools(self) -> PoolsStatus | None:
         """The scaler's latest view of the pools; None before its first pass."""

@@ -1,18 +1,29 @@
 """The scaler's reactions: queued and settled demand from the bus, and a reconcile loop
-that observes pools and Ray, decides (policy) and resizes (provider)."""
+that observes pools and Ray, decides (policy), resizes (provider) and says when each node
+began and stopped being billed (`node.launched`, `node.released`)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import hashlib
+import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 import structlog
 
 from services.scaler import policy
 from services.scaler.model import BlockedReason, Demand, PoolSpec, ScalePlan, ScalerConfig
-from services.scaler.ports import ClusterObserver, DemandStore, PoolProvider, StatusBoard
+from services.scaler.ports import (
+    ClusterObserver,
+    DemandStore,
+    PoolProvider,
+    ProvidedNode,
+    StatusBoard,
+)
 from shared.clock import Clock
+from shared.cost import on_demand_counterpart
 from shared.events import Event, EventData, new_event
 from shared.events.data import (
     JobCancelled,
@@ -21,9 +32,12 @@ from shared.events.data import (
     JobQueued,
     JobStarted,
     JobSucceeded,
+    NodeLaunched,
+    NodeReleased,
     PoolResized,
     PoolResizeFailed,
     PoolResizeRequested,
+    ReleaseReason,
 )
 from shared.messaging import EventPublisher, HandlerWithDeps
 
@@ -43,6 +57,11 @@ class Deps:
     status: StatusBoard
     reported_blocks: set[tuple[str, int, str]] = field(default_factory=set)
     """Blocked demand already announced, so each is said once per attempt and reason."""
+    billed_nodes: dict[str, str] = field(default_factory=dict)
+    """Nodes (and their pools) whose launch this process announced and whose end it has not."""
+    ended_nodes: set[str] = field(default_factory=set)
+    """Nodes whose end this process announced, while the provider still lists them (a
+    release may take a while): never announced as launched again."""
 
 
 async def on_job_queued(event: Event[JobQueued], deps: Deps) -> None:
@@ -80,6 +99,7 @@ async def reconcile(deps: Deps) -> ScalePlan:
     observed = await deps.observer.nodes()
     by_pool = {p.name: p for p in deps.pools}
     now = deps.clock.now()
+    await _announce_node_lifetimes(deps, provided, by_pool, now)
     views = policy.node_views(deps.pools, provided, observed, now)
     demands = await deps.demand.all()
     decided = policy.plan(deps.pools, views, demands, deps.config, now)
@@ -107,13 +127,15 @@ async def reconcile(deps: Deps) -> ScalePlan:
         )
         try:
             if pool_plan.target > pool_plan.current:
-                await deps.provider.launch(
-                    by_pool[pool_plan.pool], pool_plan.target - pool_plan.current
-                )
+                pool = by_pool[pool_plan.pool]
+                launched = await deps.provider.launch(pool, pool_plan.target - pool_plan.current)
+                for name in launched:
+                    await _node_launched(deps, name, pool, deps.clock.now())
             else:
                 for name in decided.release:
                     if any(n.name == name and n.pool == pool_plan.pool for n in provided):
                         await deps.provider.release(name)
+                        await _node_released(deps, name, pool_plan.pool, ReleaseReason.SCALED_DOWN)
         except OSError as error:
             failed = PoolResizeFailed(
                 pool=pool_plan.pool, to_size=pool_plan.target, message=str(error)
@@ -141,6 +163,69 @@ async def reconcile(deps: Deps) -> ScalePlan:
             detail=blocked.detail,
         )
     return decided
+
+
+async def _announce_node_lifetimes(
+    deps: Deps, provided: Sequence[ProvidedNode], by_pool: Mapping[str, PoolSpec], now: datetime
+) -> None:
+    """Level-triggered, so that every node-second can be billed: a listed node not yet
+    announced (launched before a restart, or named only once it registered) is announced
+    from the provider's launch time; an announced node that is no longer listed, and that
+    the scaler did not release, is gone (preempted, deleted by hand)."""
+    listed = {node.name for node in provided}
+    for node in provided:
+        if node.name in deps.billed_nodes or node.name in deps.ended_nodes:
+            continue
+        pool = by_pool.get(node.pool)
+        if pool is None:
+            log.warning("node.unknown_pool", node=node.name, pool=node.pool)
+            continue
+        await _node_launched(deps, node.name, pool, node.launched_at)
+    for name, pool_name in sorted(deps.billed_nodes.items()):
+        if name not in listed:
+            await _node_released(deps, name, pool_name, ReleaseReason.GONE, at=now)
+    deps.ended_nodes &= listed
+
+
+async def _node_launched(deps: Deps, name: str, pool: PoolSpec, launched_at: datetime) -> None:
+    counterpart = on_demand_counterpart(pool, deps.pools)
+    launched = NodeLaunched(
+        node=name,
+        pool=pool.name,
+        capacity=pool.capacity,
+        gpus=pool.gpus,
+        gpu_type=pool.gpu_type,
+        cpus=pool.cpus,
+        memory_gb=pool.memory_gb,
+        price_per_hour_usd=pool.price_per_hour_usd,
+        on_demand_pool=counterpart.name if counterpart else None,
+        on_demand_price_per_hour_usd=counterpart.price_per_hour_usd if counterpart else None,
+        launched_at=launched_at,
+    )
+    await _publish(deps, launched, event_id=_node_event_id("launched", name))
+    deps.billed_nodes[name] = pool.name
+    log.info("node.launched", node=name, pool=pool.name)
+
+
+async def _node_released(
+    deps: Deps, name: str, pool: str, reason: ReleaseReason, at: datetime | None = None
+) -> None:
+    released = NodeReleased(node=name, pool=pool, reason=reason, released_at=at or deps.clock.now())
+    # Published before it is forgotten: if the bus fails, the next pass says it again.
+    await _publish(deps, released, event_id=_node_event_id("released", name))
+    deps.billed_nodes.pop(name, None)
+    deps.ended_nodes.add(name)
+    log.info("node.released", node=name, pool=pool, reason=reason.value)
+
+
+_PLAIN_ID = re.compile(r"^[A-Za-z0-9._-]{1,100}$")
+
+
+def _node_event_id(event: str, node: str) -> str:
+    """Derived from the node's name, so that announcing a node twice stores it once."""
+    if _PLAIN_ID.match(node):
+        return f"node-{event}-{node}"
+    return f"node-{event}-{hashlib.sha256(node.encode()).hexdigest()[:32]}"
 
 
 async def _publish(deps: Deps, data: EventData, event_id: str | None = None) -> None:

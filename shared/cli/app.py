@@ -15,6 +15,7 @@ import typer
 from rich.table import Table
 
 from shared.cli.console import CliError, err, out
+from shared.cli.cost import register_cost_commands
 from shared.cli.jobs import duration_s, register_job_commands
 from shared.cli.nats_config import register_nats_commands
 from shared.client import PlatformError
@@ -32,14 +33,24 @@ app = typer.Typer(
 
 
 @app.command()
-def up() -> None:
+def up(
+    secure: Annotated[
+        bool,
+        typer.Option(
+            "--secure", help="One NATS user per component, allowed only the subjects it needs."
+        ),
+    ] = False,
+) -> None:
     """Start the local stack: NATS JetStream, a Ray head, the four services."""
-    settings = LocalStackSettings()
+    settings = LocalStackSettings(secure=secure) if secure else LocalStackSettings()
     statuses = stack.up(settings, progress=lambda line: err.print(f"[dim]{line}[/dim]"))
     _print_statuses(statuses)
     out.print(
         f"stack is up; state in {settings.home}; export SPOTRAIN_NATS_URL={settings.nats_url}"
     )
+    if settings.is_secure:
+        cli_env = settings.nats_auth_dir / "cli.env"
+        out.print(f"secure bus: load the CLI's credentials with: set -a; . {cli_env}; set +a")
 
 
 @app.command()
@@ -155,6 +166,7 @@ def preempt(
 
 
 register_job_commands(app)
+register_cost_commands(app)
 register_nats_commands(app)
 
 

@@ -22,6 +22,7 @@ from rich.table import Table
 
 from shared.cli.console import CliError, err, out
 from shared.client import PlatformError, SpotrainClient, current_user, new_job_id
+from shared.cost import CostRow, format_usd, job_costs
 from shared.events import Event, EventData
 from shared.events.data import JobFailed, JobProgress, JobRejected, JobRequested
 from shared.events.types import Bundle, CapacityClass
@@ -132,9 +133,15 @@ def list_jobs(
     ] = False,
 ) -> None:
     """My jobs: state, attempt, capacity, GPUs, age."""
-    records = _run(lambda: _with_client(lambda c: c.jobs()))
+
+    async def go(client: SpotrainClient) -> tuple[list[JobRecord], dict[str, CostRow]]:
+        return await client.jobs(), job_costs(await client.costs())
+
+    records, costs = _run(lambda: _with_client(go))
     me = current_user()
-    table = Table("job", "state", "attempt", "capacity", "GPUs", "age", "experiment", "owner")
+    table = Table(
+        "job", "state", "attempt", "capacity", "GPUs", "age", "cost", "experiment", "owner"
+    )
     now = datetime.now(UTC)
     for record in records:
         if not everyone and record.request.owner != me:
@@ -146,6 +153,7 @@ def list_jobs(
             record.request.capacity.value,
             str(record.gpus),
             _age(now - record.accepted_at),
+            format_usd(costs[record.job_id].cost_usd) if record.job_id in costs else "-",
             record.request.experiment or "",
             record.request.owner,
         )
@@ -155,14 +163,16 @@ def list_jobs(
 def show(job_id: str) -> None:
     """The whole record of a job and its event history."""
 
-    async def go(client: SpotrainClient) -> tuple[JobRecord | None, list[Any]]:
-        return await client.job(job_id), await client.history(job_id)
+    async def go(client: SpotrainClient) -> tuple[JobRecord | None, list[Any], CostRow | None]:
+        record, history = await client.job(job_id), await client.history(job_id)
+        return record, history, job_costs(await client.costs()).get(job_id)
 
-    record, history = _run(lambda: _with_client(go))
+    record, history, spent = _run(lambda: _with_client(go))
     if record is None and not history:
         raise CliError(f"no job {job_id}")
     if record is not None:
         out.print_json(record.model_dump_json(exclude={"request": {"env"}}))
+    out.print(_cost_line(spent))
     table = Table("time", "event", "source", "details")
     for event in history:
         data = event.data.model_dump(mode="json", exclude={"job_id", "entrypoint", "env"})
@@ -380,6 +390,16 @@ def _ray_logs(dashboard: str, submission_id: str) -> str:
         raise CliError(f"Ray answered {error.code} for the logs of {submission_id}") from None
     except OSError as error:
         raise CliError(f"cannot reach Ray's dashboard at {dashboard}: {error}") from None
+
+
+def _cost_line(spent: CostRow | None) -> str:
+    if spent is None:
+        return "cost so far: $0 (no node-seconds attributed to it yet)"
+    return (
+        f"cost so far: {format_usd(spent.cost_usd)}, {float(spent.gpu_hours):.2f} GPU-hours, "
+        f"{format_usd(spent.waste_usd)} of it lost to preemptions, "
+        f"{format_usd(spent.saving_vs_on_demand_usd)} saved against on-demand"
+    )
 
 
 def _state(record: JobRecord) -> str:

@@ -54,6 +54,8 @@ _MODELS: tuple[type[d.EventData], ...] = (
     d.PoolResized,
     d.PoolResizeFailed,
     d.NodeJoined,
+    d.NodeLaunched,
+    d.NodeReleased,
     d.NodePreempting,
     d.NodeLost,
 )

@@ -10,7 +10,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated, ClassVar
 
-from pydantic import AwareDatetime, Field
+from pydantic import AwareDatetime, Field, field_validator
 
 from shared.events.types import (
     Attempt,
@@ -264,6 +264,61 @@ class NodeJoined(EventData):
     pool: Name
     capacity: CapacityClass
     resources: Bundle
+
+
+class NodeLaunched(EventData):
+    """A provider started a node for a pool: from `launched_at` on, the node is billed.
+
+    It carries the node's shape and the prices it is billed at, so that cost accounting
+    needs nothing but the bus.
+    """
+
+    aggregate = "node"
+    event = "launched"
+
+    node: Name
+    pool: Name
+    capacity: CapacityClass
+    """`spot` or `on-demand`: the class of the capacity itself, never `any`."""
+    gpus: Annotated[int, Field(ge=0, le=16)]
+    gpu_type: Name | None = None
+    cpus: Annotated[float, Field(gt=0, le=1024)]
+    memory_gb: Annotated[float, Field(ge=0, le=65_536)] = 0.0
+    price_per_hour_usd: Annotated[float, Field(ge=0, le=100_000)]
+    on_demand_pool: Name | None = None
+    """The on-demand pool of the same shape this node is measured against (itself for an
+    on-demand node); None when no such pool is configured."""
+    on_demand_price_per_hour_usd: Annotated[float, Field(ge=0, le=100_000)] | None = None
+    """That pool's price: what this node would cost on on-demand capacity."""
+    launched_at: AwareDatetime
+
+    @field_validator("capacity")
+    @classmethod
+    def _a_node_is_spot_or_on_demand(cls, capacity: CapacityClass) -> CapacityClass:
+        if capacity is CapacityClass.ANY:
+            msg = "a node's capacity is spot or on-demand, not any"
+            raise ValueError(msg)
+        return capacity
+
+
+class ReleaseReason(StrEnum):
+    SCALED_DOWN = "scaled-down"
+    """The scaler released it (idle, or above the pool's target)."""
+    GONE = "gone"
+    """The provider stopped listing it unasked: preempted, deleted by hand, or a
+    placeholder that became a real node."""
+
+
+class NodeReleased(EventData):
+    """A node stopped being the platform's: its billing ends at `released_at`."""
+
+    aggregate = "node"
+    event = "released"
+
+    node: Name
+    pool: Name
+    reason: ReleaseReason
+    released_at: AwareDatetime
 
 
 class NoticeSource(StrEnum):

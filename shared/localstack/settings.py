@@ -29,6 +29,9 @@ class LocalStackSettings(BaseSettings):
     service_port_base: Port = Field(9460, gt=0, lt=65000)
     """Services serve /metrics and /healthz on base+1 (submitter) to base+4."""
     start_timeout_s: float = Field(60, gt=0)
+    secure: bool = False
+    """One NATS user per component with only the subjects it needs (`spotrain up --secure`).
+    A stack once started secure stays secure: its credentials folder says so."""
 
     @property
     def nats_url(self) -> str:
@@ -58,6 +61,15 @@ class LocalStackSettings(BaseSettings):
     @property
     def gcs_address(self) -> str:
         return f"{self.host}:{self.ray_gcs_port}"
+
+    @property
+    def nats_auth_dir(self) -> Path:
+        """The server config and each role's credentials (`spotrain nats-config`)."""
+        return self.home / "nats-auth"
+
+    @property
+    def is_secure(self) -> bool:
+        return self.secure or (self.nats_auth_dir / "nats-server.conf").exists()
 
     @property
     def nats_store_dir(self) -> Path:

@@ -30,6 +30,7 @@ from shared.localstack.processes import (
 )
 from shared.localstack.ray_nodes import NodePorts, node_env, ray_binary
 from shared.localstack.settings import LocalStackSettings
+from shared.natsauth import write_nats_config
 
 SERVICES = ("submitter", "scaler", "preemption_watcher", "checkpointer")
 
@@ -84,6 +85,7 @@ def components(settings: LocalStackSettings) -> list[Component]:
         "PYTHONUNBUFFERED": "1",
         "RAY_USAGE_STATS_ENABLED": "0",
     }
+    auth = write_nats_config(s.nats_auth_dir) if s.is_secure else None
     nats = Component(
         name="nats",
         argv=[
@@ -99,6 +101,7 @@ def components(settings: LocalStackSettings) -> list[Component]:
             str(s.nats_monitor_port),
             "--server_name",
             "spotrain-local",
+            *(auth.server_argv if auth else []),
         ],
         env=base_env,
         ports=(
@@ -159,6 +162,7 @@ def components(settings: LocalStackSettings) -> list[Component]:
                 argv=[sys.executable, "-m", f"services.{service}"],
                 env={
                     **base_env,
+                    **(auth.env(service) if auth else {}),
                     f"{prefix}HTTP_HOST": s.host,
                     f"{prefix}HTTP_PORT": str(port),
                     f"{prefix}LOG_JSON": "true",

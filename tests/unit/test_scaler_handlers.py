@@ -75,7 +75,11 @@ async def test_a_queued_job_grows_its_pool_by_one_node_and_only_once(
     await reconcile(deps)  # the node is booting: nothing more to launch
     assert list(cluster.launched) == ["gpu-spot-1"]
     kinds = [kind for kind, _ in published(deps)]
-    assert kinds == ["spotrain.pool.resize_requested.v1", "spotrain.pool.resized.v1"]
+    assert kinds == [
+        "spotrain.pool.resize_requested.v1",
+        "spotrain.node.launched.v1",
+        "spotrain.pool.resized.v1",
+    ], "one node, announced once for billing"
     assert isinstance(deps.status, RecordingStatusBoard)
     assert deps.status.latest is not None
     [spot] = deps.status.latest.pools
