@@ -50,7 +50,10 @@ def up(
     )
     if settings.is_secure:
         cli_env = settings.nats_auth_dir / "cli.env"
-        out.print(f"secure bus: load the CLI's credentials with: set -a; . {cli_env}; set +a")
+        out.print(
+            f"secure bus: load the CLI's credentials with: set -a; . {cli_env}; set +a",
+            soft_wrap=True,
+        )
 
 
 @app.command()

@@ -1,0 +1,58 @@
+"""`spotrain up --secure`: every component on its own NATS user, and a job still runs."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.stack import spotrain, stack_env
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+
+def load_env_file(path: Path) -> dict[str, str]:
+    pairs = (line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)
+    return {key.strip(): value.strip().strip("'\"") for key, value in pairs}
+
+
+@pytest.fixture
+def secure_stack(tmp_path: Path) -> Iterator[dict[str, str]]:
+    env = stack_env(tmp_path / "stack")
+    up = spotrain(env, "up", "--secure")
+    assert up.returncode == 0, up.stderr + up.stdout
+    assert "secure bus" in up.stdout
+    yield env
+    spotrain(env, "down")
+
+
+def test_a_job_runs_on_a_secure_stack_and_an_anonymous_client_is_refused(
+    secure_stack: dict[str, str], tmp_path: Path
+) -> None:
+    home = Path(secure_stack["SPOTRAIN_LOCAL_HOME"])
+    anonymous = spotrain(secure_stack, "ls")
+    assert anonymous.returncode == 1
+    assert anonymous.stderr.startswith("spotrain: error: ")
+    assert len(anonymous.stderr.strip().splitlines()) == 1, anonymous.stderr
+
+    cli = {**secure_stack, **load_env_file(home / "nats-auth" / "cli.env")}
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "hello.py").write_text("print('hello from a secure stack')\n")
+    submitted = spotrain(
+        cli,
+        "submit",
+        "hello.py",
+        "--workdir",
+        str(project),
+        "--job-id",
+        "secure-1",
+        "--wait",
+        timeout_s=180,
+    )
+    assert submitted.returncode == 0, submitted.stderr + submitted.stdout
+    assert "succeeded" in submitted.stderr + submitted.stdout
+    listed = spotrain({**cli, "COLUMNS": "200"}, "ls")
+    assert listed.returncode == 0, listed.stderr
+    assert "secure-1" in listed.stdout
