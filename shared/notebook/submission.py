@@ -1,0 +1,193 @@
+"""Submitting from a notebook with the CLI's own `submit` options, parsed by the same command.
+
+A cell becomes a script: it is written into a temporary copy of the working directory (the
+same files `spotrain submit` would ship, ignore rules included), which is uploaded instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import typer
+import typer.main
+
+from shared.cli.console import CliError
+
+# The CLI's own rules for these options, shared rather than copied. They are private to the
+# CLI until its `submit` is split into "options → request" and "upload → publish".
+from shared.cli.jobs import _entrypoint, _pairs, _request, duration_s
+from shared.cli.jobs import submit as cli_submit
+from shared.client import SpotrainClient, current_user, new_job_id
+from shared.events.data import JobRejected, JobRequested
+from shared.events.types import CapacityClass
+from shared.jobs import JobRecord
+from shared.messaging import BusSettings
+from shared.workspace import WorkspaceError, ignore_patterns, is_ignored, pack, unpack
+
+CELL_SCRIPT = "cell.py"
+"""The file a `%%spotrain` cell becomes, unless the working directory has one already."""
+
+
+@dataclass(frozen=True)
+class SubmitOptions:
+    """What `%spotrain submit ...` or a `%%spotrain ...` line asked for, validated."""
+
+    fields: dict[str, Any]
+    """The request's fields, without its working directory (uploaded at submission)."""
+    workdir: Path
+    script: str
+    """The script run by `python`: the named one, or the cell's file."""
+    wait: bool
+
+
+@dataclass(frozen=True)
+class SubmittedJob:
+    """A job submitted from the notebook: pass it to `watch`, or use its `job_id`."""
+
+    job_id: str
+    request: JobRequested
+    answered: bool
+    """False when the submitter had not answered in time: the request is stored and waits."""
+    record: JobRecord | None = None
+    """The final record, when the submission waited for the end (`--wait`)."""
+
+    def summary(self) -> str:
+        if self.record is not None:
+            return f"{self.job_id}: {self.record.state.value}"
+        state = "accepted" if self.answered else "requested (the submitter has not answered yet)"
+        return f"{self.job_id}: {state} · follow it: %spotrain watch {self.job_id}"
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        printer.text(self.summary())
+
+
+def parse_submit(argv: Sequence[str], *, cell: str | None = None) -> SubmitOptions | None:
+    """The `submit` options as the CLI parses them; None when `--help` was asked for.
+
+    With a cell there is no SCRIPT argument: the cell is the script, and what follows `--`
+    are its arguments. Raises `CliError` or `typer.TyperException` with a one-line message.
+    """
+    if cell is not None:
+        dash = list(argv).index("--") if "--" in argv else len(argv)
+        workdir = _workdir_option(argv[:dash])
+        script = cell_script_name(workdir, cell)
+        argv = [script, *argv]
+    command = typer.main.get_command(_SUBMIT)
+    try:
+        context = command.make_context("%spotrain submit", list(argv))
+    except typer.Exit:
+        return None  # --help: the command printed it
+    params = context.params
+    args = list(params["args"] or [])
+    if cell is not None and args != list(argv[argv.index("--") + 1 :] if "--" in argv else []):
+        raise CliError("the cell is the script: give its arguments after --", 2)
+    workdir = Path(params["workdir"])
+    if not workdir.is_dir():
+        raise CliError(f"working directory {workdir} does not exist", 2)
+    script = str(params["script"])
+    entrypoint = (
+        ["python", script, *args] if cell is not None else _entrypoint(script, args, workdir)
+    )
+    fields = _request_fields(params, entrypoint)
+    _request(fields)  # validated before anything is uploaded: a bad value costs nothing
+    return SubmitOptions(fields=fields, workdir=workdir, script=script, wait=bool(params["wait"]))
+
+
+def cell_script_name(workdir: Path, cell: str) -> str:
+    """`cell.py`, or a name of the cell's hash when the working directory has a `cell.py`."""
+    if not (workdir / CELL_SCRIPT).exists():
+        return CELL_SCRIPT
+    return f"cell_{hashlib.sha256(cell.encode()).hexdigest()[:8]}.py"
+
+
+def cell_workspace(workdir: Path, cell: str, script: str, into: Path) -> Path:
+    """`into` holding what would be shipped from `workdir`, plus the cell as `script`."""
+    unpack(pack(workdir).data, into)
+    if is_ignored(PurePosixPath(script), False, ignore_patterns(into)):
+        msg = f"{script} is ignored by the working directory's ignore rules; rename or unignore it"
+        raise WorkspaceError(msg)
+    (into / script).write_text(cell if cell.endswith("\n") else cell + "\n")
+    return into
+
+
+async def submit(
+    options: SubmitOptions, *, cell: str | None = None, settings: BusSettings | None = None
+) -> SubmittedJob:
+    """Upload the working directory (with the cell, if any), publish, wait for the answer.
+
+    Raises `CliError` when the job is rejected or its files cannot be shipped, and
+    `PlatformError` when the stack cannot be reached.
+    """
+    async with await SpotrainClient.connect(settings) as client:
+        with tempfile.TemporaryDirectory(prefix="spotrain-cell-") as scratch:
+            root = options.workdir
+            try:
+                if cell is not None:
+                    root = await asyncio.to_thread(
+                        cell_workspace, options.workdir, cell, options.script, Path(scratch)
+                    )
+                working_dir = await client.upload_workspace(root)
+            except WorkspaceError as error:
+                raise CliError(str(error), 2) from None
+        request = _request({**options.fields, "working_dir": working_dir})
+        answer = await client.submit(request)
+    if answer is not None and isinstance(answer.data, JobRejected):
+        raise CliError(f"rejected: {answer.data.detail}")
+    return SubmittedJob(job_id=request.job_id, request=request, answered=answer is not None)
+
+
+async def cancel(job_id: str, *, settings: BusSettings | None = None) -> None:
+    async with await SpotrainClient.connect(settings) as client:
+        await client.cancel(job_id, current_user())
+
+
+# The CLI's `submit` command, for its parser: the magic takes exactly the CLI's options.
+_SUBMIT = typer.Typer(add_completion=False)
+_SUBMIT.command(context_settings={"allow_interspersed_args": True})(cli_submit)
+
+
+def _workdir_option(argv: Sequence[str]) -> Path:
+    """`--workdir` from a cell's line before the full parse, to name the cell's file."""
+    for index, item in enumerate(argv):
+        if item == "--workdir" and index + 1 < len(argv):
+            return Path(argv[index + 1])
+        if item.startswith("--workdir="):
+            return Path(item.partition("=")[2])
+    return Path()
+
+
+def _request_fields(params: dict[str, Any], entrypoint: list[str]) -> dict[str, Any]:
+    """The request's fields from the parsed options, as the CLI's `submit` builds them."""
+    spot, on_demand, any_capacity = params["spot"], params["on_demand"], params["any_capacity"]
+    if sum((spot, on_demand, any_capacity)) > 1:
+        raise CliError("choose one of --spot, --on-demand, --any", 2)
+    capacity = (
+        CapacityClass.SPOT if spot else CapacityClass.ON_DEMAND if on_demand else CapacityClass.ANY
+    )
+    every = params["checkpoint_every"]
+    return {
+        "job_id": params["job_id"] or new_job_id(entrypoint),
+        "owner": current_user(),
+        "experiment": params["experiment"],
+        "entrypoint": tuple(entrypoint),
+        "worker": {
+            "gpus": params["gpus"],
+            "cpus": params["cpus"],
+            "memory_gb": params["memory_gb"],
+            "gpu_type": params["gpu_type"],
+        },
+        "num_workers": params["workers"],
+        "capacity": capacity,
+        "priority": params["priority"],
+        "max_restarts": params["max_restarts"],
+        "checkpoint_interval_s": duration_s(every) if every else None,
+        "labels": _pairs(list(params["label"] or []), "--label"),
+        "env": _pairs(list(params["env"] or []), "--env"),
+        "pip": tuple(params["pip"] or ()),
+    }
