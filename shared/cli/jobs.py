@@ -10,7 +10,7 @@ import re
 import time
 import urllib.error
 import urllib.request
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
@@ -44,6 +44,7 @@ def register_job_commands(app: typer.Typer) -> None:
 
 
 def submit(  # noqa: PLR0917  # a typer command: its options are its parameters
+    context: typer.Context,
     script: Annotated[
         str, typer.Argument(help="A .py file in the working directory, or a command.")
     ],
@@ -78,32 +79,13 @@ def submit(  # noqa: PLR0917  # a typer command: its options are its parameters
     ] = False,
 ) -> None:
     """Submit a training job; prints its id on the last line."""
-    if sum((spot, on_demand, any_capacity)) > 1:
-        raise CliError("choose one of --spot, --on-demand, --any", 2)
-    capacity = (
-        CapacityClass.SPOT if spot else CapacityClass.ON_DEMAND if on_demand else CapacityClass.ANY
-    )
     if not workdir.is_dir():
         raise CliError(f"working directory {workdir} does not exist", 2)
-    entrypoint = _entrypoint(script, args or [], workdir)
-    owner = current_user()
-    fields: dict[str, Any] = {
-        "job_id": job_id or new_job_id(entrypoint),
-        "owner": owner,
-        "experiment": experiment,
-        "entrypoint": tuple(entrypoint),
-        "worker": {"gpus": gpus, "cpus": cpus, "memory_gb": memory_gb, "gpu_type": gpu_type},
-        "num_workers": workers,
-        "capacity": capacity,
-        "priority": priority,
-        "max_restarts": max_restarts,
-        "checkpoint_interval_s": duration_s(checkpoint_every) if checkpoint_every else None,
-        "labels": _pairs(label or [], "--label"),
-        "env": _pairs(env or [], "--env"),
-        "pip": tuple(pip or ()),
-    }
+    entrypoint = script_entrypoint(script, args or [], workdir)
+    # The options by name, as click parsed them: the notebook magics build from the same.
+    fields = request_fields(context.params, entrypoint)
     # Validate before anything is uploaded: a bad value costs nothing.
-    _request(fields)
+    build_request(fields)
 
     async def go() -> int:
         async with await SpotrainClient.connect() as client:
@@ -111,7 +93,7 @@ def submit(  # noqa: PLR0917  # a typer command: its options are its parameters
                 fields["working_dir"] = await client.upload_workspace(workdir)
             except WorkspaceError as error:
                 raise CliError(str(error), 2) from None
-            request = _request(fields)
+            request = build_request(fields)
             answer = await client.submit(request)
             if answer is None:
                 err.print("[yellow]the submitter has not answered yet; the request is queued[/]")
@@ -139,14 +121,9 @@ def list_jobs(
 
     records, costs = _run(lambda: _with_client(go))
     me = current_user()
-    table = Table(
-        "job", "state", "attempt", "capacity", "GPUs", "age", "cost", "experiment", "owner"
-    )
     now = datetime.now(UTC)
-    for record in records:
-        if not everyone and record.request.owner != me:
-            continue
-        table.add_row(
+    rows = [
+        (
             record.job_id,
             _state(record),
             str(record.current.number if record.current else "-"),
@@ -157,6 +134,20 @@ def list_jobs(
             record.request.experiment or "",
             record.request.owner,
         )
+        for record in records
+        if everyone or record.request.owner == me
+    ]
+    table = Table()
+    # Job, state and cost are what users read and copy: never cut them on a narrow terminal;
+    # the other columns give way first.
+    for index, name in enumerate(
+        ("job", "state", "attempt", "capacity", "GPUs", "age", "cost", "experiment", "owner")
+    ):
+        keep = name in ("job", "state", "cost")
+        widest = max((len(row[index]) for row in rows), default=0)
+        table.add_column(name, no_wrap=keep, min_width=max(widest, len(name)) if keep else None)
+    for row in rows:
+        table.add_row(*row)
     out.print(table)
 
 
@@ -248,7 +239,41 @@ def pools() -> None:
 # --- helpers of the commands above -----------------------------------------------------
 
 
-def _entrypoint(script: str, args: list[str], workdir: Path) -> list[str]:
+def request_fields(params: Mapping[str, Any], entrypoint: list[str]) -> dict[str, Any]:
+    """A job request's fields from `submit`'s parsed options (click's `params`), shared by
+    the CLI and the notebook magics so both speak the same options."""
+    spot, on_demand, any_capacity = params["spot"], params["on_demand"], params["any_capacity"]
+    if sum((spot, on_demand, any_capacity)) > 1:
+        raise CliError("choose one of --spot, --on-demand, --any", 2)
+    capacity = (
+        CapacityClass.SPOT if spot else CapacityClass.ON_DEMAND if on_demand else CapacityClass.ANY
+    )
+    every = params["checkpoint_every"]
+    return {
+        "job_id": params["job_id"] or new_job_id(entrypoint),
+        "owner": current_user(),
+        "experiment": params["experiment"],
+        "entrypoint": tuple(entrypoint),
+        "worker": {
+            "gpus": params["gpus"],
+            "cpus": params["cpus"],
+            "memory_gb": params["memory_gb"],
+            "gpu_type": params["gpu_type"],
+        },
+        "num_workers": params["workers"],
+        "capacity": capacity,
+        "priority": params["priority"],
+        "max_restarts": params["max_restarts"],
+        "checkpoint_interval_s": duration_s(every) if every else None,
+        "labels": _pairs(list(params["label"] or []), "--label"),
+        "env": _pairs(list(params["env"] or []), "--env"),
+        "pip": tuple(params["pip"] or ()),
+    }
+
+
+def script_entrypoint(script: str, args: list[str], workdir: Path) -> list[str]:
+    """`python SCRIPT ARGS` for a Python file (which must be in the working directory),
+    else the command as given."""
     if script.endswith(".py"):
         if not (workdir / script).is_file():
             raise CliError(f"{script} not found in {workdir.resolve()}", 2)
@@ -256,7 +281,8 @@ def _entrypoint(script: str, args: list[str], workdir: Path) -> list[str]:
     return [script, *args]
 
 
-def _request(fields: dict[str, Any]) -> JobRequested:
+def build_request(fields: Mapping[str, Any]) -> JobRequested:
+    """The validated request; an invalid field is a one-line `CliError` naming it."""
     try:
         worker = Bundle.model_validate(fields["worker"])
         return JobRequested.model_validate({**fields, "worker": worker}, strict=False)

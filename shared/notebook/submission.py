@@ -21,11 +21,10 @@ from shared.cli.console import CliError
 
 # The CLI's own rules for these options, shared rather than copied. They are private to the
 # CLI until its `submit` is split into "options → request" and "upload → publish".
-from shared.cli.jobs import _entrypoint, _pairs, _request, duration_s
+from shared.cli.jobs import build_request, request_fields, script_entrypoint
 from shared.cli.jobs import submit as cli_submit
-from shared.client import SpotrainClient, current_user, new_job_id
+from shared.client import SpotrainClient, current_user
 from shared.events.data import JobRejected, JobRequested
-from shared.events.types import CapacityClass
 from shared.jobs import JobRecord
 from shared.messaging import BusSettings
 from shared.workspace import WorkspaceError, ignore_patterns, is_ignored, pack, unpack
@@ -92,10 +91,10 @@ def parse_submit(argv: Sequence[str], *, cell: str | None = None) -> SubmitOptio
         raise CliError(f"working directory {workdir} does not exist", 2)
     script = str(params["script"])
     entrypoint = (
-        ["python", script, *args] if cell is not None else _entrypoint(script, args, workdir)
+        ["python", script, *args] if cell is not None else script_entrypoint(script, args, workdir)
     )
-    fields = _request_fields(params, entrypoint)
-    _request(fields)  # validated before anything is uploaded: a bad value costs nothing
+    fields = request_fields(params, entrypoint)
+    build_request(fields)  # validated before anything is uploaded: a bad value costs nothing
     return SubmitOptions(fields=fields, workdir=workdir, script=script, wait=bool(params["wait"]))
 
 
@@ -135,7 +134,7 @@ async def submit(
                 working_dir = await client.upload_workspace(root)
             except WorkspaceError as error:
                 raise CliError(str(error), 2) from None
-        request = _request({**options.fields, "working_dir": working_dir})
+        request = build_request({**options.fields, "working_dir": working_dir})
         answer = await client.submit(request)
     if answer is not None and isinstance(answer.data, JobRejected):
         raise CliError(f"rejected: {answer.data.detail}")
@@ -160,34 +159,3 @@ def _workdir_option(argv: Sequence[str]) -> Path:
         if item.startswith("--workdir="):
             return Path(item.partition("=")[2])
     return Path()
-
-
-def _request_fields(params: dict[str, Any], entrypoint: list[str]) -> dict[str, Any]:
-    """The request's fields from the parsed options, as the CLI's `submit` builds them."""
-    spot, on_demand, any_capacity = params["spot"], params["on_demand"], params["any_capacity"]
-    if sum((spot, on_demand, any_capacity)) > 1:
-        raise CliError("choose one of --spot, --on-demand, --any", 2)
-    capacity = (
-        CapacityClass.SPOT if spot else CapacityClass.ON_DEMAND if on_demand else CapacityClass.ANY
-    )
-    every = params["checkpoint_every"]
-    return {
-        "job_id": params["job_id"] or new_job_id(entrypoint),
-        "owner": current_user(),
-        "experiment": params["experiment"],
-        "entrypoint": tuple(entrypoint),
-        "worker": {
-            "gpus": params["gpus"],
-            "cpus": params["cpus"],
-            "memory_gb": params["memory_gb"],
-            "gpu_type": params["gpu_type"],
-        },
-        "num_workers": params["workers"],
-        "capacity": capacity,
-        "priority": params["priority"],
-        "max_restarts": params["max_restarts"],
-        "checkpoint_interval_s": duration_s(every) if every else None,
-        "labels": _pairs(list(params["label"] or []), "--label"),
-        "env": _pairs(list(params["env"] or []), "--env"),
-        "pip": tuple(params["pip"] or ()),
-    }
