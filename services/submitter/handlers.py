@@ -160,6 +160,13 @@ async def track_attempts(deps: Deps) -> None:
 
 async def _track(record: JobRecord, attempt: Attempt, revision: Revision, deps: Deps) -> None:
     status = await deps.ray.status(attempt.submission_id)
+    if status is not None and status.state is not RayJobState.PENDING:
+        # Progress first: a run that ended since the last pass reported its last steps in
+        # between, and they belong before its end.
+        moved = await _record_progress(record, revision, deps)
+        if moved is None:
+            return  # someone moved the record on; the next pass starts from there
+        record, revision = moved
     asked_to_stop = False
     if status is not None and status.state is RayJobState.FAILED:
         asked_to_stop = await deps.progress.checkpoint_requested(
@@ -175,10 +182,18 @@ async def _track(record: JobRecord, attempt: Attempt, revision: Revision, deps: 
     if record.cancel_requested and not transition.facts:
         await deps.ray.stop(attempt.submission_id)
     new_revision = await _apply(transition, revision, deps)
-    if new_revision is not None and transition.record.state is JobState.RUNNING:
-        report = await deps.progress.latest(_checkpoint_uri(record, deps))
-        progressed = policy.on_progress(transition.record, report, deps.clock.now())
-        await _apply(progressed, new_revision, deps)
+    if new_revision is not None and transition.reason is Reason.STARTED:
+        await _record_progress(transition.record, new_revision, deps)
+
+
+async def _record_progress(
+    record: JobRecord, revision: Revision, deps: Deps
+) -> tuple[JobRecord, Revision] | None:
+    """The attempt's latest report, recorded and published once; None if the record moved."""
+    report = await deps.progress.latest(_checkpoint_uri(record, deps))
+    progressed = policy.on_progress(record, report, deps.clock.now())
+    new_revision = await _apply(progressed, revision, deps)
+    return None if new_revision is None else (progressed.record, new_revision)
 
 
 _LIVE = (AttemptState.SUBMITTED, AttemptState.RUNNING)

@@ -188,6 +188,22 @@ async def test_training_progress_is_published_once_per_step(deps: Deps) -> None:
     assert deps.store.records["job-p"][0].attempts[-1].step == 20
 
 
+async def test_the_last_report_of_a_run_that_ended_between_passes_comes_before_its_end(
+    deps: Deps,
+) -> None:
+    await on_job_requested(job_requested("job-e"), deps)
+    ray(deps).set("job-e-1", RayJobState.RUNNING)
+    await track_attempts(deps)
+    assert isinstance(deps.progress, FakeProgress)
+    deps.progress.reports["file:///checkpoints/job-e"] = ProgressReport(
+        job_id="job-e", attempt=1, step=60, total_steps=60, metrics={}, updated_at=NOW
+    )
+    ray(deps).set("job-e-1", RayJobState.SUCCEEDED)
+    await track_attempts(deps)
+    assert types(deps)[-2:] == ["progress", "succeeded"]
+    assert dict(published(deps))["progress"].step == 60
+
+
 def resumed_event(job_id: str, attempt: int, **fields: Any) -> Any:
     data = JobResumed(
         job_id=job_id,
