@@ -5,9 +5,10 @@ reason. No I/O, no clock (`now` is an argument), no ids."""
 from __future__ import annotations
 
 import bisect
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from operator import attrgetter
 
 from services.scaler.model import (
     Blocked,
@@ -76,21 +77,18 @@ def eligible_pools(
     )
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _Slot:
-    """Free room on a node, existing or planned, while demand is being packed."""
+    """Free room on a node, existing or planned, while demand is being packed. Compared and
+    hashed by identity: two nodes with the same free room are still two nodes."""
 
     pool: str
     gpus: int
     cpus: float
     memory_gb: float
     gpu_type: str | None
-    new: bool
     used: bool = False
-
-    @classmethod
-    def of(cls, pool: str, room: Room, *, new: bool) -> _Slot:
-        return cls(pool, room.gpus, room.cpus, room.memory_gb, room.gpu_type, new)
+    """Some pending bundle was placed here: the node is needed, however long it was idle."""
 
     def holds(self, bundle: Bundle) -> bool:
         if bundle.gpus > 0 and bundle.gpu_type is not None and bundle.gpu_type != self.gpu_type:
@@ -101,53 +99,106 @@ class _Slot:
             and bundle.memory_gb <= self.memory_gb + _EPSILON
         )
 
+    def holds_all(self, bundles: Sequence[Bundle]) -> bool:
+        """Whether each bundle on its own fits (the bundles together need not)."""
+        return all(self.holds(bundle) for bundle in bundles)
+
+
+def _slot_for_new_node(shape: _Slot, bundle: Bundle) -> _Slot:
+    """A node about to be launched with the bundle already on it."""
+    return _Slot(
+        shape.pool,
+        shape.gpus - bundle.gpus,
+        shape.cpus - bundle.cpus,
+        shape.memory_gb - bundle.memory_gb,
+        shape.gpu_type,
+    )
+
 
 class _FreeRoom:
-    """Free room by pool and by free GPUs, so that placing a bundle does not scan every
-    node: a decision for ten thousand jobs on a thousand nodes stays well under a second."""
+    """Free room by pool and by free GPUs, so that placing a bundle looks only at the nodes
+    with the fewest free GPUs that could hold it, not at every node: a decision for ten
+    thousand jobs on a thousand nodes takes under 100 ms. Slots with the same free GPUs
+    are kept in the order they got there, and the first that holds a bundle takes it."""
 
-    def __init__(self) -> None:
-        self._by_pool: dict[str, dict[int, dict[int, _Slot]]] = {}
-        self._gpu_counts: dict[str, list[int]] = {}
+    def __init__(self, slots: Iterable[_Slot], *, gpuless_asked: bool) -> None:
+        """The room of the given slots, in their order."""
+        self.gpuless_asked = gpuless_asked
+        """Whether a pending bundle asks for no GPU. Only such a bundle can be given a node
+        with no GPU free; without one, that room is not kept at all, and a busy cluster's
+        full GPU nodes (with a few CPUs left) cost nothing to pack around."""
+        self._by_pool: dict[str, dict[int, dict[_Slot, None]]] = {}
+        """Per pool, per free-GPU count, its slots (a dict as an ordered set)."""
+        # Filled in one pass rather than by `add`: the simulator builds the room of hundreds
+        # of nodes at each of tens of thousands of decisions.
+        for slot in slots:
+            if self.offers(slot):
+                buckets = self._by_pool.setdefault(slot.pool, {})
+                buckets.setdefault(slot.gpus, {})[slot] = None
+        self._gpu_counts: dict[str, list[int]] = {
+            pool: sorted(buckets) for pool, buckets in self._by_pool.items()
+        }
         """Per pool, the free-GPU counts that have a bucket, ascending."""
-        self.free_gpus: dict[str, int] = {}
+        self.free_gpus: dict[str, int] = {
+            pool: sum(gpus * len(bucket) for gpus, bucket in buckets.items())
+            for pool, buckets in self._by_pool.items()
+        }
         """Per pool, free GPUs in all: a job asking for more need not be searched for."""
 
+    def offers(self, slot: _Slot) -> bool:
+        """Whether the slot has room that a pending bundle could be given."""
+        return slot.gpus > 0 or (self.gpuless_asked and slot.cpus > _EPSILON)
+
     def add(self, slot: _Slot) -> None:
-        if slot.gpus <= 0 and slot.cpus <= _EPSILON:
-            return  # a full node has no room to offer
-        buckets = self._by_pool.setdefault(slot.pool, {})
-        if slot.gpus not in buckets:
-            buckets[slot.gpus] = {}
-            bisect.insort(self._gpu_counts.setdefault(slot.pool, []), slot.gpus)
-        buckets[slot.gpus][id(slot)] = slot
-        self.free_gpus[slot.pool] = self.free_gpus.get(slot.pool, 0) + slot.gpus
+        if not self.offers(slot):
+            return
+        buckets = self._by_pool.get(slot.pool)
+        if buckets is None:
+            buckets = self._by_pool[slot.pool] = {}
+            self._gpu_counts[slot.pool] = []
+            self.free_gpus[slot.pool] = 0
+        bucket = buckets.get(slot.gpus)
+        if bucket is None:
+            bucket = buckets[slot.gpus] = {}
+            bisect.insort(self._gpu_counts[slot.pool], slot.gpus)
+        bucket[slot] = None
+        self.free_gpus[slot.pool] += slot.gpus
 
     def remove(self, slot: _Slot) -> None:
         buckets = self._by_pool.get(slot.pool, {})
         bucket = buckets.get(slot.gpus)
-        if bucket is None or bucket.pop(id(slot), None) is None:
+        if bucket is None or slot not in bucket:
             return
+        del bucket[slot]
         self.free_gpus[slot.pool] -= slot.gpus
         if bucket:
             return
         # An empty bucket goes, so a search never walks past room that is not there.
         del buckets[slot.gpus]
         counts = self._gpu_counts[slot.pool]
-        counts.pop(bisect.bisect_left(counts, slot.gpus))
+        del counts[bisect.bisect_left(counts, slot.gpus)]
 
     def find(self, bundle: Bundle, pools: Sequence[str]) -> _Slot | None:
-        """The first slot that holds the bundle, tightest GPU fit first."""
+        """The first slot that holds the bundle: pools in the order given, then the fewest
+        free GPUs (the tightest fit) first."""
+        gpus = bundle.gpus
         for pool in pools:
             counts = self._gpu_counts.get(pool)
-            if not counts:
-                continue
+            if not counts or counts[-1] < gpus:
+                continue  # no node of this pool has that many GPUs free
             buckets = self._by_pool[pool]
-            for gpus in counts[bisect.bisect_left(counts, bundle.gpus) :]:
-                for slot in buckets[gpus].values():
+            for count in counts[bisect.bisect_left(counts, gpus) :]:
+                for slot in buckets[count]:
                     if slot.holds(bundle):
                         return slot
         return None
+
+    def free_gpus_in(self, pools: Sequence[str]) -> int:
+        """Free GPUs in all over these pools: the most a job could be given without growth."""
+        free = 0
+        for pool in pools:
+            free += self.free_gpus.get(pool, 0)
+        return free
 
     def take(self, slot: _Slot, bundle: Bundle, sign: int = 1) -> None:
         """Take the bundle's resources from the slot (or give them back, with sign=-1)."""
@@ -158,14 +209,28 @@ class _FreeRoom:
         self.add(slot)
 
 
-@dataclass
+@dataclass(frozen=True, slots=True)
+class _Eligible:
+    """The pools a class of job may use, cheapest first, and their names."""
+
+    pools: list[PoolSpec]
+    names: list[str]
+
+
+@dataclass(slots=True)
 class _Packing:
+    """What one decision has placed so far, and what that leaves."""
+
     room: _FreeRoom
-    shapes: dict[str, Room]
     empty_nodes: dict[str, _Slot]
-    """A fresh node of each pool, to ask whether a bundle could ever fit; never mutated."""
+    """A fresh node of each pool: whether a bundle could ever fit, and the shape of a new
+    node; never mutated."""
+    sizes: dict[str, int]
+    """Nodes per pool now, booting ones included."""
+    settling: set[str]
+    """Pools that launched a node less than the settle time ago."""
+    cost_per_hour_usd: float
     launches: dict[str, int] = field(default_factory=dict)
-    cost_per_hour_usd: float = 0.0
 
 
 def plan(
@@ -183,120 +248,174 @@ def plan(
     takes nothing. Nodes idle past the timeout, whose room no pending job needs, are released.
     """
     by_name = {p.name: p for p in pools}
-    known = [n for n in nodes if n.pool in by_name]
-    slots = [_Slot.of(n.pool, n.free, new=False) for n in known]
+    sizes = dict.fromkeys(by_name, 0)
+    settling = set()
+    cost_per_hour_usd = 0.0
+    slots = []
+    idle: list[tuple[NodeView, _Slot | None]] = []
+    gpuless_asked = any(b.gpus == 0 for d in demands for b in d.bundles)
+    # One pass over the nodes: the simulator asks for a decision tens of thousands of times
+    # on clusters of hundreds of nodes.
+    for node in nodes:
+        pool = by_name.get(node.pool)
+        if pool is None:
+            continue  # a pool no longer configured
+        sizes[node.pool] += 1
+        cost_per_hour_usd += pool.price_per_hour_usd
+        if node.age_s < config.settle_s:
+            settling.add(node.pool)
+        free = node.free
+        slot = None
+        if free.gpus > 0 or (gpuless_asked and free.cpus > _EPSILON):
+            # Room a pending bundle could be given (see `_FreeRoom.offers`).
+            slot = _Slot(node.pool, free.gpus, free.cpus, free.memory_gb, free.gpu_type)
+            slots.append(slot)
+        if (
+            node.ready
+            and node.idle_s >= config.idle_timeout_s
+            and free.gpus >= pool.gpus
+            and free.cpus >= pool.cpus - _EPSILON
+        ):
+            idle.append((node, slot))
     packing = _Packing(
-        room=_FreeRoom(),
-        shapes={p.name: p.shape for p in pools},
-        empty_nodes={p.name: _Slot.of(p.name, p.shape, new=True) for p in pools},
-        cost_per_hour_usd=sum(by_name[n.pool].price_per_hour_usd for n in known),
+        room=_FreeRoom(slots, gpuless_asked=gpuless_asked),
+        empty_nodes={p.name: _Slot(p.name, p.gpus, p.cpus, p.memory_gb, p.gpu_type) for p in pools},
+        sizes=sizes,
+        settling=settling,
+        cost_per_hour_usd=cost_per_hour_usd,
     )
-    for slot in slots:
-        packing.room.add(slot)
-    sizes = {p.name: sum(1 for n in known if n.pool == p.name) for p in pools}
-    settling = {n.pool for n in known if n.age_s < config.settle_s}
+
     blocked: list[Blocked] = []
-    # Which pools a job may grow depends only on its class and whether it waited past the
-    # fallback: computed once per pair, not once per job.
-    eligible: dict[tuple[CapacityClass, bool], list[PoolSpec]] = {}
-    for demand in sorted(demands, key=lambda d: (-d.priority, d.queued_at, d.job_id)):
-        waited = (now - demand.queued_at).total_seconds() >= config.any_fallback_after_s
-        key = (demand.capacity, waited)
-        if key not in eligible:
-            eligible[key] = eligible_pools(demand, pools, config, now)
-        candidates = eligible[key]
-        outcome = _place(
-            demand,
-            candidates=candidates,
-            sizes=sizes,
-            settling=settling,
-            packing=packing,
-            config=config,
+    # Which pools a job may grow depends only on its class and, for an `any` job, whether it
+    # waited past the fallback: computed once per pair, not once per job.
+    eligible: dict[tuple[CapacityClass, bool], _Eligible] = {}
+    # Most urgent first: by priority, then the longest queued, then by id. Three stable sorts
+    # by one attribute each are faster than one by a tuple key.
+    ordered = sorted(demands, key=attrgetter("job_id"))
+    ordered.sort(key=attrgetter("queued_at"))
+    ordered.sort(key=attrgetter("priority"), reverse=True)
+    for demand in ordered:
+        waited = (
+            demand.capacity is CapacityClass.ANY
+            and (now - demand.queued_at).total_seconds() >= config.any_fallback_after_s
         )
+        choice = eligible.get((demand.capacity, waited))
+        if choice is None:
+            candidates = eligible_pools(demand, pools, config, now)
+            choice = eligible[demand.capacity, waited] = _Eligible(
+                candidates, [p.name for p in candidates]
+            )
+        outcome = _place(demand, choice, packing, config)
         if outcome is not None:
             blocked.append(outcome)
 
-    release = _idle_nodes(known, slots, by_name, sizes, config)
+    release = _idle_nodes(idle, by_name, sizes)
+    released = dict.fromkeys(by_name, 0)
+    for node in release:
+        released[node.pool] += 1
     plans = []
     for pool in pools:
         current = sizes[pool.name]
         launched = packing.launches.get(pool.name, 0)
-        released = sum(1 for n in known if n.name in release and n.pool == pool.name)
-        target = current + launched - released
-        reason = Reason.PENDING_DEMAND if launched else Reason.IDLE if released else Reason.STEADY
+        target = current + launched - released[pool.name]
+        reason = (
+            Reason.PENDING_DEMAND
+            if launched
+            else Reason.IDLE
+            if released[pool.name]
+            else Reason.STEADY
+        )
         if target < pool.min_nodes:
             target, reason = pool.min_nodes, Reason.BELOW_MIN
         plans.append(PoolPlan(pool=pool.name, current=current, target=target, reason=reason))
-    return ScalePlan(pools=tuple(plans), release=tuple(sorted(release)), blocked=tuple(blocked))
+    return ScalePlan(
+        pools=tuple(plans),
+        release=tuple(sorted(node.name for node in release)),
+        blocked=tuple(blocked),
+    )
 
 
 def _place(
-    demand: Demand,
-    *,
-    candidates: list[PoolSpec],
-    sizes: dict[str, int],
-    settling: set[str],
-    packing: _Packing,
-    config: ScalerConfig,
+    demand: Demand, choice: _Eligible, packing: _Packing, config: ScalerConfig
 ) -> Blocked | None:
     """Place all of a demand's bundles, or none; say why when none."""
-    if not candidates:
+    if not choice.pools:
         return Blocked(
             job_id=demand.job_id,
             attempt=demand.attempt,
             reason=BlockedReason.NO_POOL_FITS,
             detail=f"no {demand.capacity.value} pool is configured",
         )
-    allowed = [p.name for p in candidates]
-    # Largest bundles first: the classic first-fit-decreasing order packs tightest.
-    bundles = sorted(demand.bundles, key=lambda b: (b.gpus, b.cpus, b.memory_gb), reverse=True)
-    asked = sum(b.gpus for b in bundles)
-    if sum(packing.room.free_gpus.get(p, 0) for p in allowed) >= asked:
-        trial = _Trial(packing.room)
-        if trial.fit(bundles, allowed, grow=None):
-            trial.commit()
+    bundles = demand.bundles
+    lone = len(bundles) == 1
+    if not lone:
+        # Largest bundles first: the classic first-fit-decreasing order packs tightest.
+        bundles = tuple(sorted(bundles, key=lambda b: (b.gpus, b.cpus, b.memory_gb), reverse=True))
+    asked_gpus = bundles[0].gpus if lone else sum(b.gpus for b in bundles)
+    room = packing.room
+    if room.free_gpus_in(choice.names) >= asked_gpus:
+        in_room = _Trial(room)
+        if in_room.fit(bundles, choice.names, grow=None):
+            in_room.commit()
             return None
     why = BlockedReason.NO_POOL_FITS
     detail = "no allowed pool has a node shape that holds its bundles"
     would_grow: str | None = None
-    for pool in candidates:
+    for pool in choice.pools:
         empty_node = packing.empty_nodes[pool.name]
-        if not all(empty_node.holds(b) for b in bundles):
+        # The largest bundle is first: too many GPUs for this node shape rules it out quickly.
+        if bundles[0].gpus > empty_node.gpus or not empty_node.holds_all(bundles):
             continue
-        trial = _Trial(packing.room)
-        if not trial.fit(bundles, allowed, grow=(pool.name, packing.shapes[pool.name])):
-            trial.undo()
-            continue
-        count = len(trial.new_slots)
-        launched = packing.launches.get(pool.name, 0)
-        cost = packing.cost_per_hour_usd + count * pool.price_per_hour_usd
-        if pool.name in settling:
-            why, would_grow = BlockedReason.SETTLING, pool.name
-            detail = f"{pool.name} launched a node less than {config.settle_s:.0f}s ago"
-        elif (
-            sizes[pool.name] + launched + count > pool.max_nodes
-            or launched + count > config.max_launch_per_pool
-        ):
-            why, would_grow = BlockedReason.POOL_AT_MAX, pool.name
-            detail = (
-                f"{pool.name} would need {sizes[pool.name] + launched + count} nodes; "
-                f"its maximum is {pool.max_nodes}"
-            )
-        elif cost > config.budget_per_hour_usd + _EPSILON:
-            why, would_grow = BlockedReason.OVER_BUDGET, pool.name
-            detail = (
-                f"{count} more {pool.name} node(s) would cost ${cost:.2f}/h in all, "
-                f"over the budget of ${config.budget_per_hour_usd:.2f}/h"
-            )
+        trial: _Trial | None = None
+        if lone:
+            # A lone bundle that found no room above would find none now (the room is as it
+            # was, or has fewer free GPUs in all than it asks): it takes one new node.
+            count = 1
         else:
-            packing.launches[pool.name] = launched + count
-            packing.cost_per_hour_usd = cost
-            trial.commit()
+            trial = _Trial(room)
+            trial.fit(bundles, choice.names, grow=empty_node)
+            count = len(trial.new_slots)
+        refusal = _refusal(pool, count, packing, config)
+        if refusal is None:
+            packing.launches[pool.name] = packing.launches.get(pool.name, 0) + count
+            packing.cost_per_hour_usd += count * pool.price_per_hour_usd
+            if trial is None:
+                room.add(_slot_for_new_node(empty_node, bundles[0]))
+            else:
+                trial.commit()
             return None
-        trial.undo()
+        why, detail = refusal
+        would_grow = pool.name
+        if trial is not None:
+            trial.undo()
     return Blocked(
         job_id=demand.job_id, attempt=demand.attempt, reason=why, detail=detail, pool=would_grow
     )
+
+
+def _refusal(
+    pool: PoolSpec, count: int, packing: _Packing, config: ScalerConfig
+) -> tuple[BlockedReason, str] | None:
+    """Why the pool may not grow by `count` nodes now, if it may not."""
+    if pool.name in packing.settling:
+        return (
+            BlockedReason.SETTLING,
+            f"{pool.name} launched a node less than {config.settle_s:.0f}s ago",
+        )
+    launched = packing.launches.get(pool.name, 0)
+    size = packing.sizes[pool.name] + launched + count
+    if size > pool.max_nodes or launched + count > config.max_launch_per_pool:
+        return (
+            BlockedReason.POOL_AT_MAX,
+            f"{pool.name} would need {size} nodes; its maximum is {pool.max_nodes}",
+        )
+    cost = packing.cost_per_hour_usd + count * pool.price_per_hour_usd
+    if cost > config.budget_per_hour_usd + _EPSILON:
+        return BlockedReason.OVER_BUDGET, (
+            f"{count} more {pool.name} node(s) would cost ${cost:.2f}/h in all, "
+            f"over the budget of ${config.budget_per_hour_usd:.2f}/h"
+        )
+    return None
 
 
 class _Trial:
@@ -305,23 +424,26 @@ class _Trial:
     def __init__(self, room: _FreeRoom) -> None:
         self._room = room
         self._taken: list[tuple[_Slot, Bundle]] = []
+        """Bundles put into room that was there before this trial, in order."""
         self.new_slots: list[_Slot] = []
+        """New nodes this trial opened."""
 
-    def fit(
-        self, bundles: list[Bundle], pools: Sequence[str], grow: tuple[str, Room] | None
-    ) -> bool:
-        """Place every bundle, opening new nodes of `grow` (a pool and its shape) if given."""
+    def fit(self, bundles: Sequence[Bundle], pools: Sequence[str], grow: _Slot | None) -> bool:
+        """Place every bundle, opening new nodes of the shape `grow` (an empty node of a pool
+        that holds every bundle) where no room is left, if given."""
+        room = self._room
         for bundle in bundles:
-            slot = self._room.find(bundle, pools)
-            if slot is None and grow is not None:
-                slot = _Slot.of(grow[0], grow[1], new=True)
+            slot = room.find(bundle, pools)
+            if slot is not None:
+                room.take(slot, bundle)
+                self._taken.append((slot, bundle))
+            elif grow is not None:
+                slot = _slot_for_new_node(grow, bundle)
                 self.new_slots.append(slot)
-                self._room.add(slot)
-            if slot is None:
+                room.add(slot)
+            else:
                 self.undo()
                 return False
-            self._room.take(slot, bundle)
-            self._taken.append((slot, bundle))
         return True
 
     def commit(self) -> None:
@@ -329,6 +451,8 @@ class _Trial:
             slot.used = True
 
     def undo(self) -> None:
+        # Given back in reverse, so each slot's room is restored exactly; like any change, it
+        # moves the slot to the end of its bucket.
         for slot, bundle in reversed(self._taken):
             self._room.take(slot, bundle, sign=-1)
         for slot in self.new_slots:
@@ -338,20 +462,15 @@ class _Trial:
 
 
 def _idle_nodes(
-    nodes: list[NodeView],
-    slots: list[_Slot],
-    pools: dict[str, PoolSpec],
-    sizes: dict[str, int],
-    config: ScalerConfig,
-) -> set[str]:
+    idle: list[tuple[NodeView, _Slot | None]], pools: dict[str, PoolSpec], sizes: dict[str, int]
+) -> list[NodeView]:
+    """Of the nodes empty and idle past the timeout, those to release: the longest idle
+    first, not one whose room a pending job was given, never below a pool's minimum."""
     remaining = dict(sizes)
-    release = set()
-    for node, slot in sorted(zip(nodes, slots, strict=True), key=lambda pair: -pair[0].idle_s):
-        pool = pools[node.pool]
-        empty = node.free.gpus >= pool.gpus and node.free.cpus >= pool.cpus - _EPSILON
-        idle = node.ready and empty and node.idle_s >= config.idle_timeout_s
-        if idle and not slot.used and remaining[node.pool] > pool.min_nodes:
-            release.add(node.name)
+    release = []
+    for node, slot in sorted(idle, key=lambda pair: -pair[0].idle_s):
+        if (slot is None or not slot.used) and remaining[node.pool] > pools[node.pool].min_nodes:
+            release.append(node)
             remaining[node.pool] -= 1
     return release
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
@@ -88,6 +88,10 @@ class ClusterState:
     config: ScalerConfig
     nodes: Sequence[SimNode]
     pending: Sequence[SimJob]
+    idle: Sequence[SimNode]
+    """The ready nodes running nothing, of `nodes`."""
+    sizes: Mapping[str, int]
+    """Nodes per pool, of `nodes`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,13 +117,11 @@ class SimPolicy(Protocol):
 def idle_expired(state: ClusterState, idle_timeout_s: float) -> list[SimNode]:
     """Ready, empty nodes idle at least the timeout, longest idle first, above each pool's
     minimum."""
-    counts: dict[str, int] = {}
-    for node in state.nodes:
-        counts[node.pool.name] = counts.get(node.pool.name, 0) + 1
+    counts = dict(state.sizes)
     idle = sorted(
         (
             n
-            for n in state.nodes
+            for n in state.idle
             if n.ready
             and n.idle_since_s is not None
             and state.now_s - n.idle_since_s >= idle_timeout_s
@@ -140,43 +142,56 @@ class Spotrain:
     name = "spotrain"
     watches_queue = True
 
+    def __init__(self) -> None:
+        self._rooms: dict[tuple[str, int], Room] = {}
+        """Free room by pool and free GPUs: a node's free room follows from those two."""
+
     def decide(self, state: ClusterState) -> Decision:
-        now = EPOCH + timedelta(seconds=state.now_s)
-        settle_s = state.config.settle_s
-        views = []
-        name_to_pool = {}
-        for node in state.nodes:
-            age_s = state.now_s - node.launched_s
-            if node.idle_since_s is not None:
-                name_to_pool[node.name] = node.pool.name
-            # A busy node past the settle time looks the same to the policy at every tick,
-            # so its view is kept; an idle or young one carries a time that still matters.
-            if node.view is None or node.idle_since_s is not None or age_s < settle_s:
-                pool = node.pool
-                used = pool.gpus - node.free_gpus
-                node.view = NodeView.model_construct(
-                    name=node.name,
-                    pool=pool.name,
-                    ready=node.ready,
-                    free=Room.model_construct(
-                        gpus=node.free_gpus,
-                        cpus=pool.cpus - used * CPUS_PER_GPU,
-                        memory_gb=pool.memory_gb,
-                        gpu_type=pool.gpu_type,
-                    ),
-                    idle_s=0.0 if node.idle_since_s is None else state.now_s - node.idle_since_s,
-                    age_s=age_s,
-                )
-            views.append(node.view)
+        views = [
+            node.view if node.view is not None else self._view(node, state) for node in state.nodes
+        ]
         decided = plan(
-            state.pools, views, [j.to_demand() for j in state.pending], state.config, now
+            state.pools,
+            views,
+            [j.to_demand() for j in state.pending],
+            state.config,
+            EPOCH + timedelta(seconds=state.now_s),
         )
         remaining = {p.pool: p.current for p in decided.pools}
+        name_to_pool = {node.name: node.pool.name for node in state.idle}
         for name in decided.release:
             remaining[name_to_pool[name]] -= 1
         launch = {p.pool: p.target - remaining[p.pool] for p in decided.pools}
         launch = {pool: count for pool, count in launch.items() if count > 0}
         return Decision(launch=launch, release=decided.release)
+
+    def _view(self, node: SimNode, state: ClusterState) -> NodeView:
+        """The node as the live scaler sees it now (`policy.node_views`). A busy node past
+        the settle time looks the same at every tick until its room changes, when the
+        simulation drops the view, so that one is kept; an idle node's idle time and a young
+        node's age change by the tick, so theirs are not."""
+        pool = node.pool
+        room = self._rooms.get((pool.name, node.free_gpus))
+        if room is None:
+            used = pool.gpus - node.free_gpus
+            room = self._rooms[pool.name, node.free_gpus] = Room.model_construct(
+                gpus=node.free_gpus,
+                cpus=pool.cpus - used * CPUS_PER_GPU,
+                memory_gb=pool.memory_gb,
+                gpu_type=pool.gpu_type,
+            )
+        age_s = state.now_s - node.launched_s
+        view = NodeView.model_construct(
+            name=node.name,
+            pool=pool.name,
+            ready=node.ready,
+            free=room,
+            idle_s=0.0 if node.idle_since_s is None else state.now_s - node.idle_since_s,
+            age_s=age_s,
+        )
+        if node.idle_since_s is None and age_s >= state.config.settle_s:
+            node.view = view
+        return view
 
 
 def smallest_pool_for(bundle_gpus: int, pools: Sequence[PoolSpec]) -> PoolSpec | None:
@@ -291,9 +306,15 @@ class RayAutoscaler:
         node_types["head"] = {"resources": {"CPU": 0}, "max_workers": 0}
         gone = {n.name for n in release}
         live = [n for n in state.nodes if n.name not in gone]
+        # Ray's bin packing tries every node for every bundle. A node with fewer free GPUs
+        # than the smallest bundle asks holds none of them, now or after others are packed,
+        # so it is left out: the residual is the same, found without scanning a thousand
+        # busy nodes per bundle.
+        smallest = min(b for job in state.pending for b in job.bundles)
         free = [
             {"GPU": float(n.free_gpus), "CPU": n.pool.cpus - (n.pool.gpus - n.free_gpus)}
             for n in live
+            if n.free_gpus >= smallest
         ]
         existing = {p.name: 0 for p in pools} | {"head": 1}
         running = dict.fromkeys(existing, 0)

@@ -211,6 +211,27 @@ def _percentile(values: Sequence[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
 
 
+def _replayable(trace: Sequence[TraceJob], pools: Sequence[PoolSpec]) -> list[SimJob]:
+    """The trace's jobs that the pools could ever hold, as simulated jobs."""
+    jobs: list[SimJob] = []
+    for job in trace:
+        bundles = split_bundles(job.gpus, pools)
+        if job.gpus <= 0 or not fits_ever(bundles, pools):
+            continue
+        jobs.append(
+            SimJob(
+                index=len(jobs),
+                job_id=job.job_id,
+                arrival_s=job.arrival_s,
+                gpus=job.gpus,
+                duration_s=job.duration_s,
+                bundles=bundles,
+                queued_s=job.arrival_s,
+            )
+        )
+    return jobs
+
+
 # Event kinds; at one instant completions free room before boots and losses are handled.
 _DONE, _READY = 0, 1
 _IDLE, _SETTLE, _FALLBACK = 0, 1, 2
@@ -243,26 +264,15 @@ class Simulation:
         self.rate_per_s = preemption_rate_per_hour / 3600.0
         self.group = max(1, preemption_group)
         self.interval_s = interval_s
-        self.jobs: list[SimJob] = []
-        self.unschedulable = 0
-        for job in trace:
-            bundles = split_bundles(job.gpus, pools)
-            if job.gpus <= 0 or not fits_ever(bundles, pools):
-                self.unschedulable += 1
-                continue
-            self.jobs.append(
-                SimJob(
-                    index=len(self.jobs),
-                    job_id=job.job_id,
-                    arrival_s=job.arrival_s,
-                    gpus=job.gpus,
-                    duration_s=job.duration_s,
-                    bundles=bundles,
-                    queued_s=job.arrival_s,
-                )
-            )
+        self.jobs = _replayable(trace, pools)
+        self.unschedulable = len(trace) - len(self.jobs)
         self.now_s = self.jobs[0].arrival_s if self.jobs else 0.0
         self.nodes: dict[str, SimNode] = {}
+        self.sizes: dict[str, int] = dict.fromkeys(self.by_name, 0)
+        """Nodes per pool, booting ones included."""
+        self.idle: dict[str, SimNode] = {}
+        """Ready nodes running nothing: what the idle rules look at, without a scan of every
+        node at every decision."""
         self.free: list[dict[str, SimNode]] = [{} for _ in range(MAX_GPUS_PER_NODE + 1)]
         """Ready nodes by free GPUs, for best-fit placement without a scan."""
         self.queues: dict[tuple[int, ...], list[tuple[float, int]]] = {}
@@ -342,9 +352,11 @@ class Simulation:
         empty = gpus == node.pool.gpus
         if empty and node.idle_since_s is None:
             node.idle_since_s = self.now_s
+            self.idle[node.name] = node
             self._alarm(self.now_s + self.config.idle_timeout_s, _IDLE, (node, self.now_s))
         elif not empty:
             node.idle_since_s = None
+            self.idle.pop(node.name, None)
 
     # -- nodes -------------------------------------------------------------------------
 
@@ -358,6 +370,7 @@ class Simulation:
             free_gpus=pool.gpus,
         )
         self.nodes[node.name] = node
+        self.sizes[pool.name] += 1
         self.launched += 1
         self.node_gpus += pool.gpus
         self._push(node.ready_s, _READY, node)
@@ -367,6 +380,8 @@ class Simulation:
 
     def _remove(self, node: SimNode) -> None:
         del self.nodes[node.name]
+        self.sizes[node.pool.name] -= 1
+        self.idle.pop(node.name, None)
         if node.ready:
             self.free[node.free_gpus].pop(node.name, None)
         self.node_gpus -= node.pool.gpus
@@ -379,6 +394,7 @@ class Simulation:
             return  # lost or released while booting
         node.ready = True
         node.idle_since_s = None
+        self.idle.pop(node.name, None)
         self._set_free(node, node.free_gpus)
         self.dirty = True
 
@@ -482,6 +498,8 @@ class Simulation:
             pools=self.pools,
             config=self.config,
             nodes=list(self.nodes.values()),
+            idle=list(self.idle.values()),
+            sizes=dict(self.sizes),
             pending=self._pending_jobs(),
         )
         decision = self.policy.decide(state)
@@ -491,7 +509,7 @@ class Simulation:
                 self._remove(node)
         for pool_name, count in sorted(decision.launch.items()):
             pool = self.by_name[pool_name]
-            have = sum(1 for n in self.nodes.values() if n.pool is pool)
+            have = self.sizes[pool.name]
             for _ in range(max(0, min(count, pool.max_nodes - have))):
                 self._launch(pool)
 

@@ -205,6 +205,14 @@ def test_a_pool_that_just_launched_holds_while_it_settles() -> None:
     assert plan(POOLS, [settled], [demand(gpus=2)], CONFIG, NOW).target("gpu-spot") == 2
 
 
+def test_a_cpu_only_job_takes_the_cpus_left_on_a_full_gpu_node() -> None:
+    """Room without a free GPU is still room for a bundle that asks for none."""
+    full = node("o1", ON_DEMAND, free_gpus=0)
+    cpu_job = demand(gpus=0, cpus=2, capacity=OD)
+    assert targets([full], [cpu_job]) == sizes(0, 1, 0)
+    assert targets([full], [cpu_job, demand("j2", gpus=2)]) == sizes(1, 1, 0)
+
+
 def test_a_booting_node_offers_all_its_room_and_a_draining_node_none() -> None:
     provided = [
         ProvidedNode(name="s1", pool="gpu-spot", launched_at=NOW - timedelta(seconds=90)),
