@@ -70,6 +70,8 @@ class NodeView(Frozen):
     idle_s: Annotated[float, Field(ge=0)] = 0.0
     age_s: Annotated[float, Field(ge=0)] = 3600.0
     """Time since the provider launched it."""
+    draining: bool = False
+    """Going away (a preemption notice): it offers no room, and never makes its pool wait."""
 
 
 class Demand(Frozen):

@@ -54,6 +54,7 @@ def node_views(
                 free=(Room() if seen.draining else seen.free) if seen else shapes[node.pool],
                 idle_s=seen.idle_s if seen else 0.0,
                 age_s=max(0.0, (now - node.launched_at).total_seconds()),
+                draining=seen is not None and seen.draining,
             )
         )
     return views
@@ -262,7 +263,8 @@ def plan(
             continue  # a pool no longer configured
         sizes[node.pool] += 1
         cost_per_hour_usd += pool.price_per_hour_usd
-        if node.age_s < config.settle_s:
+        if node.age_s < config.settle_s and not node.draining:
+            # A fresh node may yet take the pending job; a draining one never will.
             settling.add(node.pool)
         free = node.free
         slot = None

@@ -231,3 +231,10 @@ def test_a_booting_node_offers_all_its_room_and_a_draining_node_none() -> None:
         ("s2", False, 2, 5.0),
         ("s3", True, 0, 90.0),
     ], "a draining node offers no room, however free it is"
+    assert [v.draining for v in views] == [False, False, True]
+
+
+def test_a_fresh_node_under_notice_does_not_make_its_pool_wait() -> None:
+    noticed = node("s1", SPOT, free_gpus=0).model_copy(update={"age_s": 5, "draining": True})
+    decided = plan(POOLS, [noticed], [demand(gpus=2)], CONFIG, NOW)
+    assert decided.target("gpu-spot") == 2, "the resumed attempt gets a new node at once"
