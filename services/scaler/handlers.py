@@ -8,7 +8,7 @@ import hashlib
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 import structlog
@@ -57,6 +57,8 @@ class Deps:
     status: StatusBoard
     reported_blocks: set[tuple[str, int, str]] = field(default_factory=set)
     """Blocked demand already announced, so each is said once per attempt and reason."""
+    out_of_capacity_until: dict[str, datetime] = field(default_factory=dict)
+    """Pools whose last growth failed, and until when they are left alone."""
     billed_nodes: dict[str, str] = field(default_factory=dict)
     """Nodes (and their pools) whose launch this process announced and whose end it has not."""
     ended_nodes: set[str] = field(default_factory=set)
@@ -102,7 +104,10 @@ async def reconcile(deps: Deps) -> ScalePlan:
     await _announce_node_lifetimes(deps, provided, by_pool, now)
     views = policy.node_views(deps.pools, provided, observed, now)
     demands = await deps.demand.all()
-    decided = policy.plan(deps.pools, views, demands, deps.config, now)
+    unavailable = frozenset(
+        pool for pool, until in deps.out_of_capacity_until.items() if until > now
+    )
+    decided = policy.plan(deps.pools, views, demands, deps.config, now, unavailable=unavailable)
     await deps.status.publish_status(
         policy.summarize(
             deps.pools, nodes=views, demands=demands, decided=decided, config=deps.config, now=now
@@ -137,6 +142,11 @@ async def reconcile(deps: Deps) -> ScalePlan:
                         await deps.provider.release(name)
                         await _node_released(deps, name, pool_plan.pool, ReleaseReason.SCALED_DOWN)
         except OSError as error:
+            if pool_plan.target > pool_plan.current:
+                # Likely no capacity of this kind in the zone now (a spot stock-out): stop
+                # asking for a while, and let `any` jobs take on-demand meanwhile.
+                retry_at = now + timedelta(seconds=deps.config.capacity_retry_after_s)
+                deps.out_of_capacity_until[pool_plan.pool] = retry_at
             failed = PoolResizeFailed(
                 pool=pool_plan.pool, to_size=pool_plan.target, message=str(error)
             )

@@ -95,6 +95,9 @@ class ScalerConfig(Frozen):
     settle_s: Annotated[float, Field(ge=0)] = 20.0
     """After a launch, a pool adds no node for this long: work placed on the new nodes is
     still pending in the demand until its job reports started, and must not count twice."""
+    capacity_retry_after_s: Annotated[float, Field(ge=0)] = 300.0
+    """A pool whose resize failed (e.g. no spot capacity in the zone) is not grown for this
+    long; meanwhile `any` jobs take on-demand capacity at once."""
 
 
 class Reason(StrEnum):

@@ -61,21 +61,47 @@ def node_views(
 
 
 def eligible_pools(
-    demand: Demand, pools: Sequence[PoolSpec], config: ScalerConfig, now: datetime
+    demand: Demand,
+    pools: Sequence[PoolSpec],
+    config: ScalerConfig,
+    now: datetime,
+    *,
+    unavailable: frozenset[str] = frozenset(),
 ) -> list[PoolSpec]:
     """The pools a job may grow, cheapest first: spot for spot and `any` jobs, on-demand for
-    on-demand jobs, and on-demand for an `any` job that has waited past the fallback time."""
-    waited_s = (now - demand.queued_at).total_seconds()
+    on-demand jobs, and on-demand for an `any` job that has waited past the fallback time or
+    finds every spot pool out of capacity. Pools out of capacity (`unavailable`) grow not."""
     allowed = {
         CapacityClass.SPOT: {CapacityClass.SPOT},
         CapacityClass.ON_DEMAND: {CapacityClass.ON_DEMAND},
         CapacityClass.ANY: {CapacityClass.SPOT}
-        | ({CapacityClass.ON_DEMAND} if waited_s >= config.any_fallback_after_s else set()),
+        | (
+            {CapacityClass.ON_DEMAND}
+            if _falls_back(demand, pools, config, now, unavailable)
+            else set()
+        ),
     }[demand.capacity]
     return sorted(
-        (p for p in pools if p.capacity in allowed),
+        (p for p in pools if p.capacity in allowed and p.name not in unavailable),
         key=lambda p: (p.price_per_hour_usd, p.name),
     )
+
+
+def _falls_back(
+    demand: Demand,
+    pools: Sequence[PoolSpec],
+    config: ScalerConfig,
+    now: datetime,
+    unavailable: frozenset[str],
+) -> bool:
+    """Whether an `any` job may take on-demand capacity: it waited long enough for spot, or
+    spot capacity is failing in every spot pool."""
+    if demand.capacity is not CapacityClass.ANY:
+        return False
+    if (now - demand.queued_at).total_seconds() >= config.any_fallback_after_s:
+        return True
+    spot = [p.name for p in pools if p.capacity is CapacityClass.SPOT]
+    return bool(spot) and all(name in unavailable for name in spot)
 
 
 @dataclass(eq=False, slots=True)
@@ -240,8 +266,12 @@ def plan(
     demands: Sequence[Demand],
     config: ScalerConfig,
     now: datetime,
+    *,
+    unavailable: frozenset[str] = frozenset(),
 ) -> ScalePlan:
     """Decide pool sizes. Pure: the same inputs always give the same plan.
+
+    `unavailable`: pools whose last resize failed for want of capacity; they are not grown.
 
     Demand is packed, most urgent first, into free room on existing and booting nodes, then
     into as few new nodes of the cheapest allowed pool as hold all of a job's bundles. A job
@@ -297,13 +327,10 @@ def plan(
     ordered.sort(key=attrgetter("queued_at"))
     ordered.sort(key=attrgetter("priority"), reverse=True)
     for demand in ordered:
-        waited = (
-            demand.capacity is CapacityClass.ANY
-            and (now - demand.queued_at).total_seconds() >= config.any_fallback_after_s
-        )
+        waited = _falls_back(demand, pools, config, now, unavailable)
         choice = eligible.get((demand.capacity, waited))
         if choice is None:
-            candidates = eligible_pools(demand, pools, config, now)
+            candidates = eligible_pools(demand, pools, config, now, unavailable=unavailable)
             choice = eligible[demand.capacity, waited] = _Eligible(
                 candidates, [p.name for p in candidates]
             )

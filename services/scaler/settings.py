@@ -24,6 +24,8 @@ class ScalerSettings(RuntimeSettings):
     idle_timeout_s: float = Field(300.0, ge=0)
     any_fallback_after_s: float = Field(600.0, ge=0)
     settle_s: float = Field(20.0, ge=0)
+    capacity_retry_after_s: float = Field(300.0, ge=0)
+    """How long a pool whose growth failed (no capacity) is left alone."""
     reconcile_interval_s: float = Field(2.0, gt=0)
     provider: str = Field("local", pattern="^(local|gke)$")
     gke_project: str | None = None
@@ -73,4 +75,5 @@ class ScalerSettings(RuntimeSettings):
             idle_timeout_s=self.idle_timeout_s,
             any_fallback_after_s=self.any_fallback_after_s,
             settle_s=self.settle_s,
+            capacity_retry_after_s=self.capacity_retry_after_s,
         )

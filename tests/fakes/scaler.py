@@ -18,6 +18,8 @@ class FakeCluster:
         self.launched: dict[str, tuple[PoolSpec, datetime]] = {}
         self.idle_s: dict[str, float] = {}
         self.released: list[str] = []
+        self.out_of_capacity: set[str] = set()
+        """Pools whose launches fail, as a zone out of spot capacity answers."""
 
     async def nodes(self) -> list[ProvidedNode]:
         return [
@@ -26,6 +28,9 @@ class FakeCluster:
         ]
 
     async def launch(self, pool: PoolSpec, count: int) -> list[str]:
+        if pool.name in self.out_of_capacity:
+            msg = f"ZONE_RESOURCE_POOL_EXHAUSTED: no capacity for {pool.name}"
+            raise OSError(msg)
         names = [f"{pool.name}-{len(self.launched) + i + 1}" for i in range(count)]
         for name in names:
             self.launched[name] = (pool, self._clock.now())

@@ -112,3 +112,21 @@ async def test_demand_over_the_budget_is_held_and_said_once(
     failures = [data for kind, data in published(deps) if kind.endswith("resize_failed.v1")]
     assert len(failures) == 1
     assert failures[0].message.startswith("job-big: over-budget: 3 more gpu-spot node(s)")
+
+
+async def test_when_spot_capacity_fails_an_any_job_gets_on_demand_on_the_next_pass(
+    deps: Deps, cluster: FakeCluster
+) -> None:
+    on_demand = SPOT.model_copy(
+        update={"name": "gpu-od", "capacity": CapacityClass.ON_DEMAND, "price_per_hour_usd": 2.0}
+    )
+    deps.pools = (SPOT, on_demand)
+    cluster.out_of_capacity.add("gpu-spot")
+    anyone = queued("job-any").model_copy(
+        update={"data": queued("job-any").data.model_copy(update={"capacity": CapacityClass.ANY})}
+    )
+    await on_job_queued(anyone, deps)
+    await reconcile(deps)
+    assert "spotrain.pool.resize_failed.v1" in [kind for kind, _ in published(deps)]
+    await reconcile(deps)
+    assert [pool.name for pool, _ in cluster.launched.values()] == ["gpu-od"]

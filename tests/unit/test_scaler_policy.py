@@ -238,3 +238,15 @@ def test_a_fresh_node_under_notice_does_not_make_its_pool_wait() -> None:
     noticed = node("s1", SPOT, free_gpus=0).model_copy(update={"age_s": 5, "draining": True})
     decided = plan(POOLS, [noticed], [demand(gpus=2)], CONFIG, NOW)
     assert decided.target("gpu-spot") == 2, "the resumed attempt gets a new node at once"
+
+
+def test_an_any_job_takes_on_demand_at_once_when_spot_capacity_fails() -> None:
+    stocked_out = frozenset({"gpu-spot"})
+    anyone = demand(gpus=2, capacity=CapacityClass.ANY)
+    decided = plan(POOLS, [], [anyone], CONFIG, NOW, unavailable=stocked_out)
+    assert decided.target("gpu-spot") == 0
+    assert decided.target("gpu-od") == 1
+    spot_only = demand(gpus=2, capacity=CapacityClass.SPOT)
+    held = plan(POOLS, [], [spot_only], CONFIG, NOW, unavailable=stocked_out)
+    assert (held.target("gpu-spot"), held.target("gpu-od")) == (0, 0)
+    assert len(held.blocked) == 1, "a spot job waits for spot, and says so"
