@@ -73,15 +73,19 @@ async def on_job_requested(event: Event[JobRequested], deps: Deps) -> None:
         await _publish(deps, rejected, f"rejected-{record.job_id}")
         log.info("job.rejected", detail=record.detail)
         return
+    first = record.attempts[0]
+    if record.current is not first or first.state is not AttemptState.SUBMITTED:
+        # The job has moved on, so its answer went out before: a replay, days later, must
+        # not queue demand again for a job that ran.
+        log.info("job.request_repeated", state=record.state.value)
+        return
     await _publish(
         deps,
         JobAccepted(job_id=record.job_id, owner=request.owner, experiment=request.experiment),
         f"accepted-{record.job_id}",
     )
-    first = record.attempts[0]
     await _publish(deps, policy.queued_event(record, first), f"queued-{record.job_id}-1")
-    if record.current is first and first.state is AttemptState.SUBMITTED:
-        await _submit(record, first, deps)
+    await _submit(record, first, deps)
     log.info("job.queued", owner=request.owner, gpus=record.gpus)
 
 

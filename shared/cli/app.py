@@ -16,6 +16,7 @@ from rich.table import Table
 
 from shared.cli.console import CliError, err, out
 from shared.cli.cost import register_cost_commands
+from shared.cli.events import register_event_commands
 from shared.cli.jobs import duration_s, register_job_commands
 from shared.cli.nats_config import register_nats_commands
 from shared.client import PlatformError
@@ -170,6 +171,7 @@ def preempt(
 
 register_job_commands(app)
 register_cost_commands(app)
+register_event_commands(app)
 register_nats_commands(app)
 
 

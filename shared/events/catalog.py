@@ -82,6 +82,20 @@ def all_subjects(prefix: str = DEFAULT_PREFIX) -> str:
     return f"{prefix}.>"
 
 
+def replay_subject(service: str, model: type[d.EventData], prefix: str = DEFAULT_PREFIX) -> str:
+    """Where `spotrain events replay` re-delivers a past event to one service only:
+    `<prefix>.replay.<service>.<aggregate>.<event>`. Inside the stream's `<prefix>.>`, so a
+    replay is on the record; the envelope's type, not this subject, names the handler."""
+    return f"{prefix}.replay.{service}.{model.aggregate}.{model.event}"
+
+
+def replay_subjects_for(
+    service: str, models: Iterable[type[d.EventData]], prefix: str = DEFAULT_PREFIX
+) -> list[str]:
+    """The replay subjects of one service's events, in a stable order."""
+    return sorted({replay_subject(service, model, prefix) for model in models})
+
+
 def dlq_subject(service: str, prefix: str = DEFAULT_PREFIX) -> str:
     """Where a service dead-letters what it cannot handle."""
     return f"{prefix}.dlq.{service}"

@@ -17,7 +17,16 @@ from typing import Any, Self, TypeVar
 import structlog
 from prometheus_client import Counter, Histogram
 
-from shared.events import Event, EventData, InvalidEventError, InvalidReason, decode, spec_for
+from shared.events import (
+    Event,
+    EventData,
+    InvalidEventError,
+    InvalidReason,
+    decode,
+    spec_for,
+    subjects_for,
+)
+from shared.events.catalog import replay_subject, replay_subjects_for
 from shared.messaging.metrics import DEAD_LETTERS, EVENTS_HANDLED, HANDLER_SECONDS
 
 log = structlog.get_logger()
@@ -86,6 +95,13 @@ class Subscription:
     @property
     def durable(self) -> str:
         return self.service
+
+    def filter_subjects(self, prefix: str) -> list[str]:
+        """What its consumer takes: each routed event's subject, and the same event's replay
+        subject for this service alone (`spotrain events replay --to <service>`)."""
+        return subjects_for(self.routes, prefix) + replay_subjects_for(
+            self.service, self.routes, prefix
+        )
 
 
 class HandlerTasks:
@@ -178,7 +194,10 @@ async def _settle(
 
     model = type(event.data)
     expected_subject = spec_for(model).subject(prefix)
-    if delivery.subject != expected_subject:
+    # A replay copy is the stored event re-delivered to this service alone: its envelope's
+    # type names the handler, as on the original subject.
+    replayed = delivery.subject == replay_subject(subscription.service, model, prefix)
+    if delivery.subject != expected_subject and not replayed:
         detail = f"{event.type} belongs on {expected_subject}, not {delivery.subject}"
         return DeadLetter(DeadLetterReason.WRONG_SUBJECT, detail), event.type
     handler = subscription.routes.get(model)
@@ -194,6 +213,8 @@ async def _settle(
         event_type=event.type,
         job_id=getattr(event.data, "job_id", None),
     )
+    if replayed:
+        structlog.contextvars.bind_contextvars(replayed=True)
     started = time.perf_counter()
     try:
         await handler(event)

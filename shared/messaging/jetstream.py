@@ -8,8 +8,9 @@ import re
 import secrets
 import ssl
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from enum import StrEnum
 from types import TracebackType
 from typing import Any, Self
@@ -30,7 +31,7 @@ from nats.js.api import (
     StreamConfig,
 )
 
-from shared.events import Event, all_subjects, dlq_subject, encode, spec_for, subjects_for
+from shared.events import Event, all_subjects, dlq_subject, encode, spec_for
 from shared.messaging.dead_letters import MSG_ID, dead_letter_headers
 from shared.messaging.delivery import (
     Ack,
@@ -177,6 +178,37 @@ class PermissionChecked:
         raise BusPermissionError(
             self._bus.user, refusal.refused, subject or refusal.subject, doing
         ) from None
+
+
+@dataclass(frozen=True)
+class StreamRecord:
+    """A stored message and when the stream stored it: what windowed reads yield."""
+
+    seq: int
+    subject: str
+    data: bytes
+    headers: Mapping[str, str]
+    stored_at: datetime
+
+
+@dataclass(frozen=True)
+class _From:
+    """Where a reading consumer starts: a stored time, a stream sequence, the first message
+    (neither), or only what is stored from now on (`new`)."""
+
+    time: datetime | None = None
+    seq: int | None = None
+    new: bool = False
+
+    def config(self) -> dict[str, Any]:
+        if self.seq is not None:
+            return {"deliver_policy": DeliverPolicy.BY_START_SEQUENCE, "opt_start_seq": self.seq}
+        if self.time is not None:
+            return {"deliver_policy": DeliverPolicy.BY_START_TIME, "opt_start_time": self.time}
+        return {"deliver_policy": DeliverPolicy.NEW if self.new else DeliverPolicy.ALL}
+
+
+_READ_BATCH = 500
 
 
 class JetStreamBus:
@@ -401,7 +433,7 @@ class JetStreamBus:
     async def _subscribe(self, subscription: Subscription) -> JetStreamContext.PullSubscription:
         config = ConsumerConfig(
             durable_name=subscription.durable,
-            filter_subjects=subjects_for(subscription.routes, self.prefix),
+            filter_subjects=subscription.filter_subjects(self.prefix),
             ack_policy=AckPolicy.EXPLICIT,
             deliver_policy=DeliverPolicy.ALL,
             ack_wait=self._settings.ack_wait_s,
@@ -505,6 +537,159 @@ class JetStreamBus:
                 await self._js.delete_consumer(stream, name)
         return stored
 
+    async def read_window(
+        self,
+        subjects: Sequence[str],
+        *,
+        since: datetime | None,
+        until: datetime | None = None,
+    ) -> AsyncGenerator[StreamRecord, None]:
+        """The messages on `subjects` that the stream stored from `since` (its first message
+        when None) until just before `until` (when the read began, when None), oldest first.
+
+        Reads that part of the stream only: a consumer of its own starts at `since` by the
+        stream's time index and stops at `until` or when it has caught up, and is deleted
+        after. Iterate it inside `contextlib.aclosing` when you may stop before the end."""
+        if not subjects:
+            return  # a consumer with no filter would read every subject
+        end = until or datetime.now(UTC)
+        name = await self._reading_consumer(subjects, _From(time=since))
+        try:
+            psub = await self._js.pull_subscribe_bind(durable=name, stream=self._settings.stream)
+            try:
+                async with self.permission_checked(f"read {', '.join(subjects)}"):
+                    info = await psub.consumer_info()
+                pending = info.num_pending or 0
+                while pending:
+                    try:
+                        async with self.permission_checked(f"read {', '.join(subjects)}"):
+                            batch = await psub.fetch(min(pending, _READ_BATCH), timeout=5)
+                    except (nats.errors.TimeoutError, TimeoutError):
+                        return  # nothing more came: what was pending has gone (max age)
+                    for msg in batch:
+                        record = _record(msg)
+                        if record.stored_at >= end:
+                            return
+                        yield record
+                        pending = msg.metadata.num_pending
+            finally:
+                with contextlib.suppress(*_TRANSIENT):
+                    await psub.unsubscribe()
+        finally:
+            await self._delete_reading_consumer(name)
+
+    async def follow(
+        self, subjects: Sequence[str], stop: asyncio.Event, *, since: datetime | None = None
+    ) -> AsyncGenerator[StreamRecord, None]:
+        """The messages on `subjects` as the stream stores them (from `since` when given, else
+        from now on), oldest first, until `stop` is set. Survives a server restart: the
+        reading consumer is made again after the last message seen."""
+        if not subjects:
+            return  # a consumer with no filter would follow every subject
+        start = _From(time=since) if since is not None else _From(new=True)
+        while not stop.is_set():
+            try:
+                name = await self._reading_consumer(subjects, start)
+            except _TRANSIENT as error:
+                log.warning("follow.consumer_failed", error=str(error))
+                await asyncio.sleep(0.5)
+                continue
+            psub: JetStreamContext.PullSubscription | None = None
+            try:
+                psub = await self._js.pull_subscribe_bind(
+                    durable=name, stream=self._settings.stream
+                )
+                while not stop.is_set():
+                    try:
+                        async with self.permission_checked(f"follow {', '.join(subjects)}"):
+                            batch = await psub.fetch(_READ_BATCH, timeout=0.5)
+                    except (nats.errors.TimeoutError, TimeoutError):
+                        continue
+                    for msg in batch:
+                        record = _record(msg)
+                        start = _From(seq=record.seq + 1)
+                        yield record
+            except (*_TRANSIENT, nats.js.errors.NotFoundError) as error:
+                # The server restarted or dropped the consumer: start again after the last.
+                log.warning("follow.interrupted", error=str(error))
+                await asyncio.sleep(0.5)
+            finally:
+                if psub is not None:
+                    # Leftover pull-status messages would hold up the connection's drain.
+                    with contextlib.suppress(*_TRANSIENT):
+                        await psub.unsubscribe()
+                await self._delete_reading_consumer(name)
+
+    async def consumer_filter(self, durable: str) -> tuple[str, ...] | None:
+        """The subjects a durable consumer of the stream takes; None if it has none such."""
+        async with self.permission_checked(f"look up the consumer {durable}"):
+            try:
+                info = await self._js.consumer_info(self._settings.stream, durable)
+            except nats.js.errors.NotFoundError:
+                return None
+        config = info.config
+        if config.filter_subjects:
+            return tuple(config.filter_subjects)
+        return (config.filter_subject,) if config.filter_subject else ()
+
+    async def durable_consumers(self) -> list[str]:
+        """The names of the stream's durable consumers: the services and bots reading it."""
+        async with self.permission_checked("list the stream's consumers"):
+            infos = await self._js.consumers_info(self._settings.stream)
+        return sorted(i.config.durable_name for i in infos if i.config.durable_name)
+
+    async def _reading_consumer(self, subjects: Sequence[str], start: _From) -> str:
+        # Not acked, in memory, and dropped by the server if the reader vanishes: a reader
+        # leaves nothing behind, whatever happens to it.
+        if start.time is not None and len(subjects) > 1:
+            # nats-server 2.15 starts a consumer of several subjects by time past the first
+            # message of a subject stored before that time too; by sequence it does not.
+            first = await self._first_seq_since(start.time)
+            start = start if first is None else _From(seq=first)
+        name = f"read-{secrets.token_hex(6)}"
+        filters: dict[str, Any] = (
+            {"filter_subject": subjects[0]}
+            if len(subjects) == 1
+            else {"filter_subjects": list(subjects)}
+        )
+        config = ConsumerConfig(
+            name=name,
+            ack_policy=AckPolicy.NONE,
+            inactive_threshold=30,
+            mem_storage=True,
+            num_replicas=1,
+            **filters,
+            **start.config(),
+        )
+        async with self.permission_checked(f"read {', '.join(subjects)} from the stream"):
+            await self._js.add_consumer(self._settings.stream, config)
+        return name
+
+    async def _first_seq_since(self, since: datetime) -> int | None:
+        """The sequence of the first message stored at or after `since`, or the next one to
+        come: what a consumer of the whole stream started at that time reports (None if it
+        does not say)."""
+        name = f"read-{secrets.token_hex(6)}"
+        config = ConsumerConfig(
+            name=name,
+            ack_policy=AckPolicy.NONE,
+            inactive_threshold=30,
+            mem_storage=True,
+            num_replicas=1,
+            deliver_policy=DeliverPolicy.BY_START_TIME,
+            opt_start_time=since,
+        )
+        try:
+            async with self.permission_checked("find where a time window starts"):
+                info = await self._js.add_consumer(self._settings.stream, config)
+        finally:
+            await self._delete_reading_consumer(name)
+        return None if info.delivered is None else info.delivered.stream_seq + 1
+
+    async def _delete_reading_consumer(self, name: str) -> None:
+        with contextlib.suppress(*_TRANSIENT, nats.js.errors.NotFoundError):
+            await self._js.delete_consumer(self._settings.stream, name)
+
     async def _on_error(self, error: Exception) -> None:
         refusal = _refusal(error)
         if refusal is not None:
@@ -537,6 +722,17 @@ class JetStreamBus:
 
     async def _on_reconnected(self) -> None:
         log.info("nats.reconnected", url=self._settings.nats_url)
+
+
+def _record(msg: Msg) -> StreamRecord:
+    meta = msg.metadata
+    return StreamRecord(
+        seq=meta.sequence.stream,
+        subject=msg.subject,
+        data=msg.data,
+        headers=dict(msg.headers or {}),
+        stored_at=meta.timestamp,
+    )
 
 
 def _tls_context(settings: BusSettings) -> ssl.SSLContext | None:

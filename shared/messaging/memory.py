@@ -13,7 +13,7 @@ from typing import Any
 
 import structlog
 
-from shared.events import DEFAULT_PREFIX, Event, dlq_subject, encode, spec_for, subjects_for
+from shared.events import DEFAULT_PREFIX, Event, dlq_subject, encode, spec_for
 from shared.messaging.dead_letters import MSG_ID, dead_letter_headers
 from shared.messaging.delivery import (
     Ack,
@@ -90,7 +90,7 @@ class InMemoryBus:
     async def consume(self, subscription: Subscription, stop: asyncio.Event) -> None:
         consumer = self._consumers.setdefault(
             subscription.durable,
-            _Consumer(filters=subjects_for(subscription.routes, self._prefix)),
+            _Consumer(filters=subscription.filter_subjects(self._prefix)),
         )
         stopping = asyncio.create_task(stop.wait())
         try:

@@ -284,3 +284,16 @@ async def test_a_job_the_checkpointer_gave_up_on_ends_failed(deps: Deps) -> None
     record = deps.store.records["job-g"][0]
     assert (record.state.value, record.detail) == ("failed", "restart budget spent")
     assert ray(deps).stopped == ["job-g-1"]
+
+
+async def test_a_request_replayed_after_its_job_ran_publishes_and_submits_nothing(
+    deps: Deps,
+) -> None:
+    request = job_requested("job-old")
+    await on_job_requested(request, deps)
+    ray(deps).set("job-old-1", RayJobState.SUCCEEDED)
+    await track_attempts(deps)
+    before = types(deps)
+    await on_job_requested(request, deps)  # a replay, long after the duplicate window
+    assert types(deps) == before, "no second answer, no demand queued again"
+    assert len(ray(deps).submitted) == 1
