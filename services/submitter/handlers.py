@@ -113,6 +113,16 @@ async def on_job_resumed(event: Event[JobResumed], deps: Deps) -> None:
         raise Unhandleable(msg)
     record, revision = found
     lost = record.current
+    if lost is not None and lost.number + 1 == resumed.attempt and lost.state in _LIVE:
+        # Ray may know better than the record: an attempt that ended on its own (success,
+        # its own error) just before its node went is not resumed as if preempted.
+        await _track(record, lost, revision, deps)
+        found = await deps.store.get(resumed.job_id)
+        if found is None:
+            msg = f"job {resumed.job_id} vanished while it was being resumed"
+            raise RuntimeError(msg)
+        record, revision = found
+        lost = record.current
     transition = policy.resume(record, resumed, deps.clock.now())
     if transition.reason is Reason.RESUMED and lost is not None and lost.state in _LIVE:
         # Whatever survives of it (a driver on a live node, a half-dead job) must not

@@ -297,3 +297,15 @@ async def test_a_request_replayed_after_its_job_ran_publishes_and_submits_nothin
     await on_job_requested(request, deps)  # a replay, long after the duplicate window
     assert types(deps) == before, "no second answer, no demand queued again"
     assert len(ray(deps).submitted) == 1
+
+
+async def test_a_resume_of_an_attempt_that_had_failed_by_its_own_code_is_refused(
+    deps: Deps,
+) -> None:
+    await running(deps, "job-u")
+    # It failed on its own just before its node went; the record had not heard yet.
+    ray(deps).set("job-u-1", RayJobState.FAILED, error_type="JOB_ENTRYPOINT_COMMAND_ERROR")
+    await on_job_resumed(resumed_event("job-u", 2), deps)
+    assert [plan.submission_id for plan, _ in ray(deps).submitted] == ["job-u-1"]
+    assert isinstance(deps.store, InMemoryJobStore)
+    assert deps.store.state_of("job-u") == "failed"
