@@ -8,6 +8,7 @@ Each node gets a block of ports above Ray's default worker range (10002-19999).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -67,7 +68,18 @@ def ray_binary() -> str:
     return str(beside) if beside.exists() else (shutil.which("ray") or "ray")
 
 
-def worker_argv(gcs_address: str, shape: NodeShape, ports: NodePorts) -> list[str]:
+def node_temp_dir(node_dir: Path, name: str) -> Path:
+    """A worker node's own Ray temp dir. Nodes on one machine must not share one: each
+    node's runtime-env agent unpacks and evicts working directories under it, and a node
+    killed mid-unpack would leave a half folder another node then trusts. Short on purpose:
+    Ray puts Unix sockets under it."""
+    digest = hashlib.sha256(f"{node_dir.resolve()}/{name}".encode()).hexdigest()[:10]
+    return Path("/tmp") / f"sr-{digest}"  # noqa: S108  # socket path length
+
+
+def worker_argv(
+    gcs_address: str, shape: NodeShape, ports: NodePorts, temp_dir: Path | None = None
+) -> list[str]:
     return [
         ray_binary(),
         "start",
@@ -78,6 +90,7 @@ def worker_argv(gcs_address: str, shape: NodeShape, ports: NodePorts) -> list[st
         f"--resources={json.dumps(dict(shape.resources), sort_keys=True)}",
         f"--labels={json.dumps(dict(shape.labels), sort_keys=True)}",
         "--disable-usage-stats",
+        *([f"--temp-dir={temp_dir}"] if temp_dir is not None else []),
         *ports.argv(),
     ]
 
@@ -90,11 +103,12 @@ def start_worker(
     *,
     log_dir: Path,
     env: Mapping[str, str],
+    temp_dir: Path | None = None,
 ) -> ProcessRecord:
     """Start one worker node in its own session; stop it with `stop_session(record.pid)`."""
     return spawn(
         name,
-        worker_argv(gcs_address, shape, ports),
+        worker_argv(gcs_address, shape, ports, temp_dir),
         log_path=log_dir / f"node-{name}.log",
         env=node_env(env),
         cwd=log_dir,

@@ -28,7 +28,7 @@ from shared.localstack.processes import (
     stop_session,
     tail,
 )
-from shared.localstack.ray_nodes import NodePorts, node_env, ray_binary
+from shared.localstack.ray_nodes import NodePorts, node_env, node_temp_dir, ray_binary
 from shared.localstack.settings import LocalStackSettings
 from shared.natsauth import write_nats_config
 
@@ -255,6 +255,7 @@ def _stop_nodes(settings: LocalStackSettings, progress: Progress) -> list[str]:
         progress(f"stopping node {node.name}")
         folder.mark_released(node.name)
         stop_session(node.record.pid, grace_s=2)
+        shutil.rmtree(node_temp_dir(settings.node_dir, node.name), ignore_errors=True)
         stopped.append(f"node {node.name}")
     folder.clear()
     return stopped

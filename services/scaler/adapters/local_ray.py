@@ -4,6 +4,7 @@ declares its GPUs and its pool's resources. Killing one is a real preemption."""
 from __future__ import annotations
 
 import asyncio
+import shutil
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
@@ -13,7 +14,13 @@ from services.scaler.ports import ProvidedNode
 from shared.localstack.nodes import NodeFolder
 from shared.localstack.ports import free_port_block
 from shared.localstack.processes import ProcessRecord, is_running, stop_session
-from shared.localstack.ray_nodes import PORT_BLOCK, NodePorts, NodeShape, start_worker
+from shared.localstack.ray_nodes import (
+    PORT_BLOCK,
+    NodePorts,
+    NodeShape,
+    node_temp_dir,
+    start_worker,
+)
 from shared.resources import (
     NODE_LABEL,
     POOL_LABEL,
@@ -44,6 +51,7 @@ class LocalPoolProvider:
                 # Gone (preempted, or killed by hand): forget it; Ray marks it dead.
                 if record is not None:
                     stop_session(record.pid, grace_s=0)
+                    shutil.rmtree(node_temp_dir(self._state_dir, record.name), ignore_errors=True)
                 path.unlink(missing_ok=True)
                 continue
             launched_at = datetime.fromtimestamp(path.stat().st_mtime, UTC)
@@ -81,6 +89,7 @@ class LocalPoolProvider:
                 NodePorts(free_port_block(PORT_BLOCK)),
                 log_dir=self._log_dir,
                 env=self._env,
+                temp_dir=node_temp_dir(self._state_dir, name),
             )
             record.save(self._state_dir / f"{name}.json")
             names.append(name)
@@ -97,4 +106,5 @@ class LocalPoolProvider:
         if record is not None:
             # A drained node hands its work back; gcs-side cleanup follows its exit.
             stop_session(record.pid, grace_s=5)
+        shutil.rmtree(node_temp_dir(self._state_dir, node), ignore_errors=True)
         path.unlink(missing_ok=True)
