@@ -6,8 +6,8 @@
   terminal), and returns the job's final `JobRecord`. `await watch_async(job)` is the same
   without blocking the kernel's event loop.
 
-Cost: `watch` prices nothing itself. A `CostSource` passed as `cost=` is asked what the job
-has cost so far, and the line shows it; without one the line shows no cost.
+Cost: `watch` asks the platform's ledger (`LedgerCosts`), or the `CostSource` passed as
+`cost=`, what the job has cost so far, and the line shows it once it is known.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from typing import Any, Protocol, TextIO
 
 from shared.client import PlatformError, SpotrainClient
 from shared.clock import Clock, SystemClock
+from shared.cost import job_costs
 from shared.events import Event, EventData
 from shared.jobs import JobRecord
 from shared.messaging import BusSettings
@@ -201,12 +202,24 @@ async def _produce(
         async with await SpotrainClient.connect(settings) as client:
             if await client.job(job_id) is None and not await client.history(job_id):
                 raise PlatformError(f"no job {job_id}")
+            cost = cost or LedgerCosts(client)
             async with contextlib.aclosing(follow_progress(client, job_id, cost=cost)) as views:
                 async for view in views:
                     put(view)
             put(_Ended(await final_record(client, job_id)))
     except Exception as error:  # noqa: BLE001  # re-raised by the watcher, in its own thread
         put(_Failed(error))
+
+
+class LedgerCosts:
+    """The job's cost so far from the platform's own ledger (`shared.cost`)."""
+
+    def __init__(self, client: SpotrainClient) -> None:
+        self._client = client
+
+    async def cost_usd(self, job_id: str) -> float | None:
+        row = job_costs(await self._client.costs()).get(job_id)
+        return float(row.cost_usd) if row is not None else None
 
 
 class ProgressScreen(Protocol):

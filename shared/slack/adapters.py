@@ -12,6 +12,7 @@ from slack_sdk.web.async_client import AsyncWebClient
 
 from shared.client import PlatformError, SpotrainClient
 from shared.clock import Clock
+from shared.cost import CostRow, job_costs
 from shared.events import new_event
 from shared.events.data import JobCancelRequested, JobRequested
 from shared.jobs import JobRecord
@@ -104,13 +105,35 @@ class WebApiChat:
         return str(response["ts"])
 
 
-class NoCosts:
-    """The cost source until the platform records what each job spends: it knows nothing,
-    and says so (None), rather than answering zero. Replace it in `bootstrap` once a real
-    one exists (e.g. GPU-hours per attempt times the pool's price per hour)."""
+class LedgerCosts:
+    """Costs from the platform's own ledger (`shared.cost`): every node-second attributed to
+    the attempts that held it; read from the bus on each question."""
+
+    def __init__(self, client: SpotrainClient) -> None:
+        self._client = client
 
     async def job_cost(self, job_id: str) -> JobCost | None:
-        return None
+        row = job_costs(await self._client.costs()).get(job_id)
+        if row is None:
+            return None
+        return JobCost(job_id=job_id, total_usd=float(row.cost_usd), gpu_hours=float(row.gpu_hours))
 
     async def experiment_costs(self, owner: str) -> Sequence[ExperimentCost] | None:
-        return None
+        ledger = await self._client.costs()
+        totals: dict[str, tuple[set[str], CostRow]] = {}
+        for charge in ledger.attribution.charges:
+            info = ledger.inputs.jobs.get(charge.job_id) if charge.job_id else None
+            if info is None or info.owner != owner:
+                continue
+            experiment = info.experiment or "(none)"
+            jobs, row = totals.get(experiment, (set(), CostRow(key=experiment)))
+            totals[experiment] = ({*jobs, info.job_id}, row.plus(charge))
+        return [
+            ExperimentCost(
+                experiment=experiment,
+                jobs=len(jobs),
+                total_usd=float(row.cost_usd),
+                gpu_hours=float(row.gpu_hours),
+            )
+            for experiment, (jobs, row) in sorted(totals.items())
+        ]

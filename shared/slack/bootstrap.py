@@ -8,13 +8,13 @@ import structlog
 from aiohttp import web
 from slack_sdk.web.async_client import AsyncWebClient
 
-from shared.client import new_job_id
+from shared.client import SpotrainClient, new_job_id
 from shared.clock import SystemClock
 from shared.messaging import EventBus, Subscription, bind_routes
 from shared.messaging.jetstream import JetStreamBus
 from shared.runtime import ServiceDefinition
 from shared.runtime.service import Bootstrap
-from shared.slack.adapters import BusPlatform, NoCosts, WebApiChat
+from shared.slack.adapters import BusPlatform, LedgerCosts, WebApiChat
 from shared.slack.app import InFlight, build_app, web_app
 from shared.slack.handlers import SERVICE, SUBSCRIPTIONS, Deps
 from shared.slack.settings import SlackSettings
@@ -37,7 +37,7 @@ def bootstrap_for(settings: SlackSettings) -> Bootstrap:
         deps = Deps(
             platform=BusPlatform(bus, clock),
             chat=WebApiChat(client),
-            costs=NoCosts(),
+            costs=LedgerCosts(SpotrainClient(bus, clock)),
             clock=clock,
             owners=settings.owners,
             projects=settings.projects,

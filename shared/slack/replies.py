@@ -183,8 +183,8 @@ def jobs_list(records: Sequence[JobRecord], now: datetime, command: str) -> str:
 
 def cost_unavailable(spend: PoolsStatus | None) -> str:
     text = (
-        ":hourglass: Cost per experiment is not available yet: spotrain does not record "
-        "what each job spends so far."
+        ":hourglass: Cost per experiment is not available right now: the cost ledger "
+        "could not be read."
     )
     if spend is not None:
         text += (

@@ -310,8 +310,9 @@ async def test_an_unmapped_slack_user_is_refused_and_nothing_is_published(bot: B
     assert bot.api.posts == []
 
 
-async def test_cost_says_plainly_that_it_is_not_available_yet(bot: Bot) -> None:
-    assert "Cost per experiment is not available yet" in await slash(bot, "cost")
+async def test_cost_answers_from_the_platforms_ledger(bot: Bot) -> None:
+    # Nothing ran yet: the ledger knows it, and says so rather than showing a zero.
+    assert "None of your experiments has cost anything yet" in await slash(bot, "cost")
 
 
 async def test_a_channel_the_bot_cannot_post_in_gets_an_explanation_and_no_job(

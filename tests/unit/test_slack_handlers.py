@@ -244,7 +244,7 @@ async def test_cost_without_a_cost_source_says_so_with_the_current_spend(deps: D
         updated_at=NOW, budget_per_hour_usd=20, cost_per_hour_usd=2.5, pools=(), blocked_jobs=0
     )
     text = (await answer(slash("cost"), deps)).text
-    assert "Cost per experiment is not available yet" in text
+    assert "Cost per experiment is not available right now" in text
     assert "$2.50/h of a $20.00/h budget" in text
 
 
