@@ -77,4 +77,5 @@ def _provider(settings: ScalerSettings) -> PoolProvider:
         state_dir=local.node_dir,
         log_dir=local.log_dir,
         env=os.environ,
+        head_temp_dir=local.ray_temp_dir,
     )

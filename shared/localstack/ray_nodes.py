@@ -70,11 +70,26 @@ def ray_binary() -> str:
 
 def node_temp_dir(node_dir: Path, name: str) -> Path:
     """A worker node's own Ray temp dir. Nodes on one machine must not share one: each
-    node's runtime-env agent unpacks and evicts working directories under it, and a node
-    killed mid-unpack would leave a half folder another node then trusts. Short on purpose:
-    Ray puts Unix sockets under it."""
+    node's runtime-env agent unpacks and deletes working directories under it, and with one
+    folder for all, a job lost its working directory under another node's hands ("can't
+    open file", seen under preemptions). Short on purpose: Ray puts Unix sockets under it."""
     digest = hashlib.sha256(f"{node_dir.resolve()}/{name}".encode()).hexdigest()[:10]
     return Path("/tmp") / f"sr-{digest}"  # noqa: S108  # socket path length
+
+
+def share_head_logs(node_temp: Path, head_temp: Path) -> None:
+    """Point the node's session log folder at the head's. Ray's job supervisor writes a
+    driver's output in its own node's log folder, while the dashboard reads the job's log
+    where the job began; on real clusters every node uses the same path (`/tmp/ray`), so
+    the two meet. Here they meet through this link."""
+    session = (head_temp / "session_latest").resolve()
+    if not session.name.startswith("session_"):
+        return  # no head session yet: the node keeps its own logs
+    node_session = node_temp / session.name
+    node_session.mkdir(parents=True, exist_ok=True)
+    logs = node_session / "logs"
+    if not logs.exists():
+        logs.symlink_to(session / "logs", target_is_directory=True)
 
 
 def worker_argv(

@@ -116,7 +116,11 @@ def disrupt(env: dict[str, str], chaos: Chaos, stop: threading.Event, seed: int)
         "preempt", "nats", "submitter", "preempt-notice", "scaler",
         "preemption_watcher", "preempt", "checkpointer", "preempt",
     ]  # fmt: skip
-    time.sleep(10)  # let the first nodes boot and jobs start
+    # Disruptions start once a job runs, so that they fall on running work.
+    while not first_job_running.wait(0.5):
+        if stop.is_set():
+            return
+    time.sleep(2)
     for victim in victims:
         if stop.wait(rng.uniform(1.5, 3)):
             return
@@ -149,6 +153,7 @@ def ray_logs(env: dict[str, str], submission_id: str) -> str:
 
 failures: dict[str, str] = {}
 """Why each failed job failed, for the assertion message."""
+first_job_running = threading.Event()
 attempt_states: dict[str, list[str]] = {}
 
 
@@ -157,10 +162,13 @@ async def outcomes(env: dict[str, str], job_ids: set[str], timeout_s: float) -> 
     deadline = time.monotonic() + timeout_s
     ended: dict[str, str] = {}
     failures.clear()
+    first_job_running.clear()
     while time.monotonic() < deadline:
         with contextlib.suppress(Exception):  # NATS may be restarting: look again
             async with await SpotrainClient.connect(settings) as client:
                 for record in await client.jobs():
+                    if record.job_id in job_ids and record.state.value != "queued":
+                        first_job_running.set()
                     if record.job_id in job_ids and not record.is_active:
                         ended[record.job_id] = record.state.value
                         attempt_states[record.job_id] = [a.state.value for a in record.attempts]

@@ -19,6 +19,7 @@ from shared.localstack.ray_nodes import (
     NodePorts,
     NodeShape,
     node_temp_dir,
+    share_head_logs,
     start_worker,
 )
 from shared.resources import (
@@ -32,13 +33,20 @@ from shared.resources import (
 
 class LocalPoolProvider:
     def __init__(
-        self, *, gcs_address: str, state_dir: Path, log_dir: Path, env: Mapping[str, str]
+        self,
+        *,
+        gcs_address: str,
+        state_dir: Path,
+        log_dir: Path,
+        env: Mapping[str, str],
+        head_temp_dir: Path | None = None,
     ) -> None:
         self._gcs_address = gcs_address
         self._state_dir = state_dir
         self._folder = NodeFolder(state_dir)
         self._log_dir = log_dir
         self._env = dict(env)
+        self._head_temp_dir = head_temp_dir
 
     async def nodes(self) -> list[ProvidedNode]:
         return await asyncio.to_thread(self._nodes)
@@ -76,6 +84,9 @@ class LocalPoolProvider:
         for _ in range(count):
             name = self._folder.new_name(pool.name)
             self._folder.describe(name, pool.name, pool.capacity.value)
+            temp_dir = node_temp_dir(self._state_dir, name)
+            if self._head_temp_dir is not None:
+                share_head_logs(temp_dir, self._head_temp_dir)
             shape = NodeShape(
                 num_cpus=pool.cpus,
                 num_gpus=pool.gpus,
@@ -89,7 +100,7 @@ class LocalPoolProvider:
                 NodePorts(free_port_block(PORT_BLOCK)),
                 log_dir=self._log_dir,
                 env=self._env,
-                temp_dir=node_temp_dir(self._state_dir, name),
+                temp_dir=temp_dir,
             )
             record.save(self._state_dir / f"{name}.json")
             names.append(name)
