@@ -12,13 +12,7 @@ import pytest
 from shared.localstack.ports import free_port
 
 # `spotrain` itself, with the cost command registered if the app does not register it yet.
-SPOTRAIN = """
-from shared.cli.app import app, main
-from shared.cli.cost import register_cost_commands
-if not any(getattr(c.callback, "__name__", None) == "cost" for c in app.registered_commands):
-    register_cost_commands(app)
-main()
-"""
+SPOTRAIN = "from shared.cli.entry import main; main()"
 
 
 def spotrain(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

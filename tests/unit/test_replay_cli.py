@@ -11,14 +11,7 @@ import pytest
 
 from shared.localstack.ports import free_port
 
-SPOTRAIN = """
-from shared.cli.app import app, main
-from shared.cli.events import events_app, register_event_commands
-if not any(group.typer_instance is events_app for group in app.registered_groups):
-    register_event_commands(app)
-main()
-"""
-"""The CLI with the events commands, whether or not `shared/cli/app.py` registers them."""
+SPOTRAIN = "from shared.cli.entry import main; main()"
 
 
 def spotrain(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
