@@ -276,6 +276,8 @@ async def _listen_to_pools(bus: JetStreamBus) -> None:
     async with bus.permission_checked("listen to pool events"):
         await bus.client.subscribe(f"{PREFIX}.pool.>")
         await bus.client.flush()
+        # A loaded server may answer the flush before it reports the refused subscription.
+        await asyncio.sleep(0.5)
 
 
 async def _consume(bus: JetStreamBus) -> None:
