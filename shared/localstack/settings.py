@@ -99,5 +99,6 @@ def isolated_stack(home: Path) -> LocalStackSettings:
         ray_dashboard_port=free_port_below(10_000),
         ray_client_port=free_port_below(10_000),
         ray_head_port_base=free_port_block(64),
-        service_port_base=free_port(),
+        # The services serve on base+1 to base+4 (the Slack bot, when run, on base+5).
+        service_port_base=free_port_block(8),
     )

@@ -25,7 +25,7 @@ def spotrain(
 def stack_env(home: Path) -> dict[str, str]:
     """A stack of its own: its own state directory and free ports for everything."""
     nats_port = free_port()
-    service_base = free_port()
+    service_base = free_port_block(8)  # the services take base+1 to base+4
     return {
         **os.environ,
         "SPOTRAIN_LOCAL_HOME": str(home),
