@@ -20,8 +20,8 @@ from shared.cost.attribution import exact, seconds
 from shared.events.data import JobStarted, JobSucceeded, NodeLaunched, NodeLost, NodeReleased
 from shared.jobs import JobState
 from shared.messaging import BusSettings
+from tests.cli import ENTRY as SPOTRAIN
 from tests.e2e.stack import spotrain
-from tests.unit.test_cost_cli import SPOTRAIN
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 

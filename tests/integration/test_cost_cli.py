@@ -18,7 +18,7 @@ from shared.events.types import Bundle
 from shared.jobs import JobRecord, JobState, jobs_bucket
 from shared.messaging import BusSettings
 from shared.messaging.jetstream import JetStreamBus
-from tests.unit.test_cost_cli import SPOTRAIN
+from tests.cli import ENTRY as SPOTRAIN
 from tests.unit.test_cost_ledger import Story
 
 pytestmark = pytest.mark.integration

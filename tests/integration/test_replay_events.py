@@ -21,8 +21,8 @@ from shared.events.types import Bundle, CapacityClass
 from shared.messaging import BusSettings, Subscription
 from shared.messaging.jetstream import JetStreamBus
 from tests.async_helpers import consuming, eventually
+from tests.cli import ENTRY as SPOTRAIN
 from tests.events import NOW, job_requested
-from tests.unit.test_replay_cli import SPOTRAIN
 
 pytestmark = pytest.mark.integration
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,17 +10,7 @@ from pathlib import Path
 import pytest
 
 from shared.localstack.ports import free_port
-
-
-def spotrain(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-c", "from shared.cli.entry import main; main()", *args],
-        capture_output=True,
-        text=True,
-        env={**os.environ, **(env or {})},
-        timeout=60,
-        check=False,
-    )
+from tests.cli import spotrain
 
 
 @pytest.mark.parametrize(

@@ -2,32 +2,13 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from shared.localstack.ports import free_port
+from tests.cli import no_bus, spotrain
 
 # `spotrain` itself, with the cost command registered if the app does not register it yet.
-SPOTRAIN = "from shared.cli.entry import main; main()"
-
-
-def spotrain(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-c", SPOTRAIN, *args],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "COLUMNS": "200", **(env or {})},
-        timeout=60,
-        check=False,
-    )
-
-
-def no_stack() -> dict[str, str]:
-    return {"SPOTRAIN_NATS_URL": f"nats://127.0.0.1:{free_port()}"}
 
 
 @pytest.mark.parametrize(
@@ -46,7 +27,7 @@ def no_stack() -> dict[str, str]:
     ],
 )
 def test_a_bad_argument_gets_one_line_and_exit_2(args: list[str], message: str) -> None:
-    result = spotrain("cost", *args, env=no_stack())
+    result = spotrain("cost", *args, env=no_bus())
     assert result.returncode == 2, result.stderr
     assert result.stderr.startswith("spotrain: error: ")
     assert message in result.stderr
@@ -56,14 +37,14 @@ def test_a_bad_argument_gets_one_line_and_exit_2(args: list[str], message: str) 
 def test_a_bad_prices_file_names_the_file_and_the_field(tmp_path: Path) -> None:
     prices = tmp_path / "prices.toml"
     prices.write_text("[pool.gpu-spot]\nprice_per_hour_usd = -1\n")
-    result = spotrain("cost", "--prices", str(prices), env=no_stack())
+    result = spotrain("cost", "--prices", str(prices), env=no_bus())
     assert result.returncode == 2
     assert f"{prices}: prices file: pool.gpu-spot.price_per_hour_usd" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
 
 
 def test_without_a_stack_it_says_to_start_it() -> None:
-    result = spotrain("cost", env=no_stack())
+    result = spotrain("cost", env=no_bus())
     assert result.returncode == 1
     assert "the stack is not running" in result.stderr
     assert "Traceback" not in result.stderr

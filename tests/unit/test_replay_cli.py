@@ -2,31 +2,11 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from shared.localstack.ports import free_port
-
-SPOTRAIN = "from shared.cli.entry import main; main()"
-
-
-def spotrain(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-c", SPOTRAIN, *args],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "COLUMNS": "200", **(env or {})},
-        timeout=60,
-        check=False,
-    )
-
-
-def _no_nats() -> dict[str, str]:
-    return {"SPOTRAIN_NATS_URL": f"nats://127.0.0.1:{free_port()}"}
+from tests.cli import no_bus, spotrain
 
 
 @pytest.mark.parametrize(
@@ -77,7 +57,7 @@ def _no_nats() -> dict[str, str]:
     ],
 )
 def test_a_bad_argument_gets_one_line_and_exit_2(args: list[str], message: str) -> None:
-    result = spotrain(*args, env=_no_nats())
+    result = spotrain(*args, env=no_bus())
     assert result.returncode == 2, result.stderr
     assert result.stderr.startswith("spotrain: error: ")
     assert message in result.stderr
@@ -94,7 +74,7 @@ def test_a_bad_argument_gets_one_line_and_exit_2(args: list[str], message: str) 
     ],
 )
 def test_no_bus_is_one_line_and_exit_1(args: list[str]) -> None:
-    env = _no_nats()
+    env = no_bus()
     result = spotrain(*args, env=env)
     assert result.returncode == 1
     assert result.stderr.strip().splitlines() == [
@@ -107,7 +87,7 @@ def test_an_import_of_only_bad_lines_names_each_and_publishes_nothing(tmp_path: 
     """No valid line: nothing to publish, so no bus is needed to say so."""
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"specversion": "1.0"}\n\nnot json\n')
-    result = spotrain("events", "import", str(bad), env=_no_nats())
+    result = spotrain("events", "import", str(bad), env=no_bus())
     assert result.returncode == 1
     lines = result.stderr.strip().splitlines()
     assert lines[0].startswith(f"{bad}: line 1: not-an-event: ")
