@@ -60,6 +60,10 @@ class Attempt(Frozen):
     message: str | None = None
     step: int | None = None
     """The last training step the attempt reported."""
+    total_steps: int | None = None
+    """The steps the run will take, when its script says."""
+    eta_s: float | None = None
+    """Time left when it last reported, at its own pace since it started."""
     metrics: dict[str, float] = Field(default_factory=dict)
     nodes: tuple[str, ...] = ()
     """The nodes it runs on, as far as Ray told (its driver's node)."""

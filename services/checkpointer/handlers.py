@@ -9,11 +9,12 @@ paths of one loss meet in `recover`, which resumes an attempt at most once.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import datetime
 
 import structlog
 
-from services.checkpointer import policy
+from services.checkpointer import metrics, policy
 from services.checkpointer.model import GiveUp, RecoveryConfig, Resume
 from services.checkpointer.ports import CheckpointStore, JobReader, RayNodes
 from shared.checkpoints import CheckpointRequest
@@ -34,11 +35,16 @@ class Deps:
     checkpoints: CheckpointStore
     ray: RayNodes
     config: RecoveryConfig
+    counted: set[str] = field(default_factory=set)
+    """What the metrics already counted: the same loss arrives from several sources, a
+    decision is published again on every repeat (the bus keeps one), and neither is news."""
 
 
 async def on_node_preempting(event: Event[NodePreempting], deps: Deps) -> None:
     notice = event.data
     now = deps.clock.now()
+    if _first_time(deps, f"notice-{notice.node}"):
+        metrics.NOTICES.labels(notice.pool or metrics.UNKNOWN_POOL).inc()
     drained = await deps.ray.drain(notice.node, notice.deadline)
     asked = policy.checkpoint_now(
         await deps.jobs.active(), notice.node, notice.deadline, now, deps.config
@@ -48,6 +54,7 @@ async def on_node_preempting(event: Event[NodePreempting], deps: Deps) -> None:
             continue
         request = CheckpointRequest(job_id=record.job_id, attempt=attempt.number, requested_at=now)
         await deps.checkpoints.request(record.checkpoint_uri, request)
+        metrics.CHECKPOINT_REQUESTS.inc()
         log.info("checkpoint.requested", job_id=record.job_id, attempt=attempt.number)
     log.info(
         "node.preempting",
@@ -61,17 +68,19 @@ async def on_node_preempting(event: Event[NodePreempting], deps: Deps) -> None:
 
 async def on_node_lost(event: Event[NodeLost], deps: Deps) -> None:
     lost = event.data
+    if _first_time(deps, f"lost-{lost.node}"):
+        metrics.LOSSES.labels(lost.pool or metrics.UNKNOWN_POOL).inc()
     concerned = policy.attempts_on(await deps.jobs.active(), lost.node)
     for record, attempt in concerned:
-        await _recover(record.job_id, attempt.number, deps)
+        await _recover(record.job_id, attempt.number, deps, signalled_at=lost.lost_at or event.time)
     log.info("node.lost", node=lost.node, source=lost.source.value, attempts=len(concerned))
 
 
 async def on_job_interrupted(event: Event[JobInterrupted], deps: Deps) -> None:
-    await _recover(event.data.job_id, event.data.attempt, deps)
+    await _recover(event.data.job_id, event.data.attempt, deps, signalled_at=event.time)
 
 
-async def _recover(job_id: str, attempt: int, deps: Deps) -> None:
+async def _recover(job_id: str, attempt: int, deps: Deps, *, signalled_at: datetime) -> None:
     record = await deps.jobs.get(job_id)
     if record is None:
         log.warning("job.unknown", job_id=job_id)
@@ -82,6 +91,10 @@ async def _recover(job_id: str, attempt: int, deps: Deps) -> None:
     match policy.recover(record, attempt, checkpoint, deps.config):
         case Resume(resumed=resumed):
             await _publish(deps, resumed, f"job-resumed-{job_id}-{resumed.attempt}", job_id)
+            if _first_time(deps, f"resumed-{job_id}-{resumed.attempt}"):
+                metrics.RESUMES.labels(resumed.capacity.value).inc()
+                took = (deps.clock.now() - signalled_at).total_seconds()
+                metrics.DECISION_SECONDS.observe(max(took, 0.0))
             log.info(
                 "job.resume",
                 job_id=job_id,
@@ -92,9 +105,18 @@ async def _recover(job_id: str, attempt: int, deps: Deps) -> None:
             )
         case GiveUp(failed=failed):
             await _publish(deps, failed, f"job-failed-{job_id}-{attempt}", job_id)
+            if _first_time(deps, f"given-up-{job_id}"):
+                metrics.GIVE_UPS.inc()
             log.warning("job.given_up", job_id=job_id, attempt=attempt, why=failed.message)
         case skip:
             log.info("job.not_resumed", job_id=job_id, attempt=attempt, why=skip.why)
+
+
+def _first_time(deps: Deps, key: str) -> bool:
+    if key in deps.counted:
+        return False
+    deps.counted.add(key)
+    return True
 
 
 async def _publish(deps: Deps, data: EventData, event_id: str, job_id: str) -> None:

@@ -9,6 +9,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import structlog
+from prometheus_client import Counter
 
 from services.preemption_watcher.model import NodeSignal
 from services.preemption_watcher.ports import SignalSource
@@ -19,6 +20,12 @@ from shared.messaging import EventPublisher, HandlerWithDeps
 
 SERVICE = "preemption_watcher"
 log = structlog.get_logger()
+
+SIGNALS = Counter(
+    "spotrain_node_signals_total",
+    "Node signals relayed onto the bus, by source and signal (preempting, lost).",
+    ["source", "signal"],
+)
 
 _REMEMBERED = 10_000
 """Signal keys kept to drop repeats older than the bus's de-duplication window."""
@@ -49,6 +56,7 @@ async def publish_signal(signal: NodeSignal, deps: Deps, *, source: str) -> None
         )
     )
     deps.relayed[signal.event_id] = None
+    SIGNALS.labels(source, data.event).inc()
     while len(deps.relayed) > _REMEMBERED:
         deps.relayed.popitem(last=False)
     log.info(f"node.{data.event}", node=data.node, pool=data.pool, source=data.source.value)

@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 from contextlib import AsyncExitStack
 
+from services.scaler.adapters.cost_feed import JetStreamCostFeed
 from services.scaler.adapters.kv_demand import KvDemandStore
 from services.scaler.adapters.local_ray import LocalPoolProvider
 from services.scaler.adapters.ray_cluster import RayClusterObserver
-from services.scaler.handlers import SERVICE, SUBSCRIPTIONS, Deps, reconcile
+from services.scaler.handlers import (
+    SERVICE,
+    SUBSCRIPTIONS,
+    Deps,
+    follow_costs,
+    measure_costs,
+    reconcile,
+)
 from services.scaler.ports import PoolProvider
 from services.scaler.settings import ScalerSettings
 from shared.clock import SystemClock
@@ -16,7 +25,7 @@ from shared.localstack.settings import LocalStackSettings
 from shared.messaging import EventBus, Subscription, bind_routes
 from shared.messaging.jetstream import JetStreamBus
 from shared.pools import pools_bucket
-from shared.runtime import ServiceDefinition, Ticker
+from shared.runtime import ServiceDefinition, Ticker, Watch
 
 
 async def bootstrap(bus: EventBus, stack: AsyncExitStack) -> ServiceDefinition:
@@ -36,13 +45,25 @@ async def bootstrap(bus: EventBus, stack: AsyncExitStack) -> ServiceDefinition:
         status=bucket,
     )
 
+    feed = JetStreamCostFeed(bus)
+
     async def tick() -> None:
         await reconcile(deps)
+
+    async def measure() -> None:
+        measure_costs(deps)
+
+    async def follow(stop: asyncio.Event) -> None:
+        await follow_costs(feed, deps, stop)
 
     return ServiceDefinition(
         name=SERVICE,
         subscriptions=[Subscription(service=SERVICE, routes=bind_routes(SUBSCRIPTIONS, deps))],
-        tickers=[Ticker(name="reconcile", interval_s=settings.reconcile_interval_s, tick=tick)],
+        tickers=[
+            Ticker(name="reconcile", interval_s=settings.reconcile_interval_s, tick=tick),
+            Ticker(name="cost-meter", interval_s=settings.cost_meter_interval_s, tick=measure),
+        ],
+        watches=[Watch(name="cost-events", run=follow)],
     )
 
 

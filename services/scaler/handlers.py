@@ -4,6 +4,7 @@ began and stopped being billed (`node.launched`, `node.released`)."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import re
 from collections.abc import Mapping, Sequence
@@ -13,17 +14,18 @@ from typing import Any
 
 import structlog
 
-from services.scaler import policy
+from services.scaler import metrics, policy
 from services.scaler.model import BlockedReason, Demand, PoolSpec, ScalePlan, ScalerConfig
 from services.scaler.ports import (
     ClusterObserver,
+    CostEventFeed,
     DemandStore,
     PoolProvider,
     ProvidedNode,
     StatusBoard,
 )
 from shared.clock import Clock
-from shared.cost import on_demand_counterpart
+from shared.cost import CostFold, attributed, on_demand_counterpart
 from shared.events import Event, EventData, new_event
 from shared.events.data import (
     JobCancelled,
@@ -64,6 +66,8 @@ class Deps:
     ended_nodes: set[str] = field(default_factory=set)
     """Nodes whose end this process announced, while the provider still lists them (a
     release may take a while): never announced as launched again."""
+    costs: CostFold = field(default_factory=CostFold)
+    """Every cost event read so far, for the cost-accrued metrics."""
 
 
 async def on_job_queued(event: Event[JobQueued], deps: Deps) -> None:
@@ -108,11 +112,11 @@ async def reconcile(deps: Deps) -> ScalePlan:
         pool for pool, until in deps.out_of_capacity_until.items() if until > now
     )
     decided = policy.plan(deps.pools, views, demands, deps.config, now, unavailable=unavailable)
-    await deps.status.publish_status(
-        policy.summarize(
-            deps.pools, nodes=views, demands=demands, decided=decided, config=deps.config, now=now
-        )
+    status = policy.summarize(
+        deps.pools, nodes=views, demands=demands, decided=decided, config=deps.config, now=now
     )
+    await deps.status.publish_status(status)
+    metrics.PASS.replace(metrics.pass_samples(status, demands))
     for pool_plan in decided.pools:
         if pool_plan.target == pool_plan.current:
             continue
@@ -123,6 +127,8 @@ async def reconcile(deps: Deps) -> ScalePlan:
             reason=pool_plan.reason.value,
         )
         await _publish(deps, requested)
+        direction = "up" if pool_plan.target > pool_plan.current else "down"
+        metrics.RESIZES.labels(pool_plan.pool, direction, pool_plan.reason.value).inc()
         log.info(
             "pool.resize",
             pool=pool_plan.pool,
@@ -147,6 +153,7 @@ async def reconcile(deps: Deps) -> ScalePlan:
                 # asking for a while, and let `any` jobs take on-demand meanwhile.
                 retry_at = now + timedelta(seconds=deps.config.capacity_retry_after_s)
                 deps.out_of_capacity_until[pool_plan.pool] = retry_at
+            metrics.RESIZE_FAILURES.labels(pool_plan.pool).inc()
             failed = PoolResizeFailed(
                 pool=pool_plan.pool, to_size=pool_plan.target, message=str(error)
             )
@@ -214,6 +221,7 @@ async def _node_launched(deps: Deps, name: str, pool: PoolSpec, launched_at: dat
     )
     await _publish(deps, launched, event_id=_node_event_id("launched", name))
     deps.billed_nodes[name] = pool.name
+    metrics.NODES_LAUNCHED.labels(pool.name, pool.capacity.value).inc()
     log.info("node.launched", node=name, pool=pool.name)
 
 
@@ -225,7 +233,21 @@ async def _node_released(
     await _publish(deps, released, event_id=_node_event_id("released", name))
     deps.billed_nodes.pop(name, None)
     deps.ended_nodes.add(name)
+    metrics.NODES_RELEASED.labels(pool, reason.value).inc()
     log.info("node.released", node=name, pool=pool, reason=reason.value)
+
+
+async def follow_costs(feed: CostEventFeed, deps: Deps, stop: asyncio.Event) -> None:
+    """Fold every cost event, stored and new, until `stop`: folding is idempotent and
+    order-free across aggregates, so a feed that starts over or interleaves is fine."""
+    await feed.follow(stop, deps.costs.add)
+
+
+def measure_costs(deps: Deps) -> None:
+    """Attribute what was folded up to now, for the cost-accrued metrics: the same
+    attribution as `spotrain cost`, from the nodes' own prices."""
+    ledger = attributed(deps.costs.inputs({}), now=deps.clock.now())
+    metrics.COSTS.replace(metrics.cost_samples(ledger))
 
 
 _PLAIN_ID = re.compile(r"^[A-Za-z0-9._-]{1,100}$")

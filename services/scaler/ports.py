@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Protocol
+import asyncio
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from services.scaler.model import Demand, ObservedNode, PoolSpec, ProvidedNode
+from shared.events import Event
 from shared.pools import PoolsStatus
 
 
@@ -57,3 +60,12 @@ class StatusBoard(Protocol):
 
 
 __all__ = ["ObservedNode", "ProvidedNode"]
+
+
+class CostEventFeed(Protocol):
+    """The events cost accounting reads: every one stored, then each new one."""
+
+    async def follow(self, stop: asyncio.Event, add: Callable[[Event[Any]], None]) -> None:
+        """Hand each event to `add` until `stop`; an event may come more than once, and
+        events of different aggregates in any order."""
+        ...

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import structlog
 
-from services.submitter import policy
+from services.submitter import metrics, policy
 from services.submitter.model import Attempt, AttemptState, JobRecord, JobState, RayJobState
 from services.submitter.policy import Quotas, Reason, Transition
 from services.submitter.ports import (
@@ -27,6 +27,7 @@ from shared.events.data import (
     JobAccepted,
     JobCancelRequested,
     JobFailed,
+    JobInterrupted,
     JobRejected,
     JobRequested,
     JobResumed,
@@ -165,11 +166,14 @@ async def track_attempts(deps: Deps) -> None:
     Reading the bucket every pass is also how a restarted submitter re-attaches to the
     attempts already running.
     """
-    for record, revision in await deps.store.all():
+    records = await deps.store.all()
+    for record, revision in records:
         attempt = record.current
         if record.is_active and attempt is not None and attempt.state in _LIVE:
             with structlog.contextvars.bound_contextvars(job_id=record.job_id):
                 await _track(record, attempt, revision, deps)
+    # As read at the start of the pass: what this pass changed shows on the next.
+    metrics.RECORDS.replace(metrics.record_samples(record for record, _ in records))
 
 
 async def _track(record: JobRecord, attempt: Attempt, revision: Revision, deps: Deps) -> None:
@@ -234,6 +238,8 @@ async def _admit_alone(event: Event[JobRequested], deps: Deps) -> tuple[JobRecor
         checkpoint_uri=policy.checkpoint_uri(deps.checkpoint_root, request.job_id),
     )
     revision = await deps.store.create(record)
+    if revision is not None and record.state is JobState.REJECTED:
+        metrics.FINISHED.labels(record.state.value).inc()
     if revision is None:
         # Another delivery of the same request got there first; carry on from its record.
         found = await deps.store.get(request.job_id)
@@ -275,7 +281,32 @@ async def _apply(transition: Transition, revision: Revision, deps: Deps) -> Revi
     if transition.reason is not Reason.PROGRESSED:
         state = transition.record.state.value
         log.info("job.transition", reason=transition.reason.value, state=state)
+        _count(transition)
     return revision
+
+
+def _count(transition: Transition) -> None:
+    """Counted once the record says so, so a transition retried after a lost race is not
+    counted twice."""
+    record = transition.record
+    attempt = record.current
+    if transition.reason is Reason.STARTED and attempt is not None:
+        capacity = record.capacity_of(attempt).value
+        metrics.ATTEMPTS_STARTED.labels(attempt.pool or "unknown", capacity).inc()
+        lost = record.attempts[-2] if len(record.attempts) > 1 else None
+        if (
+            lost is not None
+            and lost.state is AttemptState.LOST
+            and lost.ended_at is not None
+            and attempt.started_at is not None
+        ):
+            took = (attempt.started_at - lost.ended_at).total_seconds()
+            metrics.RECOVERY_SECONDS.observe(max(took, 0.0))
+    for fact in transition.facts:
+        if isinstance(fact.data, JobInterrupted):
+            metrics.ATTEMPTS_LOST.labels(fact.data.cause.value).inc()
+    if not record.is_active and transition.reason is not Reason.UNCHANGED:
+        metrics.FINISHED.labels(record.state.value).inc()
 
 
 async def _publish(deps: Deps, data: EventData, key: str) -> None:

@@ -297,19 +297,40 @@ def on_progress(record: JobRecord, report: ProgressReport | None, now: datetime)
         for name, value in report.metrics.items()
         if math.isfinite(value) and _METRIC_NAME.match(name)
     }
-    moved = attempt.model_copy(update={"step": report.step, "metrics": metrics})
+    eta = eta_s(attempt, report.step, report.total_steps, report.updated_at)
+    moved = attempt.model_copy(
+        update={
+            "step": report.step,
+            "metrics": metrics,
+            "total_steps": report.total_steps,
+            "eta_s": eta,
+        }
+    )
     progress = JobProgress(
         job_id=record.job_id,
         attempt=attempt.number,
         step=report.step,
         total_steps=report.total_steps,
         metrics=dict(sorted(metrics.items())[:64]),
+        eta_s=eta,
     )
     return Transition(
         Reason.PROGRESSED,
         _with_attempt(record, moved, record.state, now),
         (Fact(f"progress-{record.job_id}-{attempt.number}-{report.step}", progress),),
     )
+
+
+def eta_s(attempt: Attempt, step: int, total_steps: int | None, at: datetime) -> float | None:
+    """Seconds left at the pace the attempt kept since it started (from the step it
+    resumed at); None without a total, or before a step's worth of pace is known."""
+    if total_steps is None or attempt.started_at is None:
+        return None
+    done = step - attempt.from_step
+    took = (at - attempt.started_at).total_seconds()
+    if done <= 0 or took <= 0:
+        return None
+    return round(max(total_steps - step, 0) * took / done, 3)
 
 
 _METRIC_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}$")

@@ -17,7 +17,7 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 from pydantic import ValidationError
-from rich.progress import BarColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
+from rich.progress import BarColumn, Progress, TaskID, TextColumn
 from rich.table import Table
 
 from shared.cli.console import CliError, err, out
@@ -349,11 +349,15 @@ async def _watch(client: SpotrainClient, job_id: str) -> int:
         BarColumn(),
         TextColumn("step {task.completed:.0f}/{task.total}"),
         TextColumn("{task.fields[metrics]}"),
-        TimeRemainingColumn(),
+        # The platform's estimate, from the attempt's own pace: rich's would measure how
+        # fast the stored events were read back.
+        TextColumn("{task.fields[eta]}"),
         TextColumn("{task.fields[state]}"),
     )
     with Progress(*columns, console=out) as progress:
-        task = progress.add_task(job_id, total=None, job=job_id, attempt=1, metrics="", state="")
+        task = progress.add_task(
+            job_id, total=None, job=job_id, attempt=1, metrics="", eta="", state=""
+        )
         async with contextlib.aclosing(client.follow(job_id)) as events:
             return await _show_progress(progress, task, events)
 
@@ -372,6 +376,7 @@ async def _show_progress(
                 total=event.data.total_steps,
                 attempt=event.data.attempt,
                 metrics=metrics,
+                eta=eta_text(event.data.eta_s),
                 state="running",
             )
             continue
@@ -381,6 +386,15 @@ async def _show_progress(
         if isinstance(event.data, JobFailed | JobRejected):
             return 1
     return 0
+
+
+def eta_text(eta_s: float | None) -> str:
+    """`eta 1:02:03` for people; nothing while the pace is not known."""
+    if eta_s is None:
+        return ""
+    minutes, seconds = divmod(round(eta_s), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"eta {hours}:{minutes:02d}:{seconds:02d}"
 
 
 def _print_logs(dashboard: str, submission_id: str, number: int, headed: bool) -> str:

@@ -4,7 +4,16 @@ and per-pool overrides. Pure: the client reads the events and passes the time.
 """
 
 from shared.cost.attribution import Attribution, Bill, Charge, Hold, NodeLife, attribute
-from shared.cost.ledger import COST_EVENTS, CostInputs, JobInfo, Ledger, fold, ledger
+from shared.cost.ledger import (
+    COST_EVENTS,
+    CostFold,
+    CostInputs,
+    JobInfo,
+    Ledger,
+    attributed,
+    fold,
+    ledger,
+)
 from shared.cost.pricing import (
     PoolPrice,
     PriceCatalog,
@@ -20,6 +29,7 @@ __all__ = [
     "Attribution",
     "Bill",
     "Charge",
+    "CostFold",
     "CostInputs",
     "CostRow",
     "GroupBy",
@@ -31,6 +41,7 @@ __all__ = [
     "PriceCatalog",
     "PricingError",
     "attribute",
+    "attributed",
     "cost_rows",
     "fold",
     "format_usd",

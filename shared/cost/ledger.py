@@ -96,7 +96,11 @@ def ledger(
     prices: Mapping[str, PoolPrice] | None = None,
 ) -> Ledger:
     """Fold the events and attribute the window `[since, now)` (all of time by default)."""
-    inputs = fold(events, prices=prices or {})
+    return attributed(fold(events, prices=prices or {}), now=now, since=since)
+
+
+def attributed(inputs: CostInputs, *, now: datetime, since: datetime | None = None) -> Ledger:
+    """Attribute folded inputs over `[since, now)` (all of time by default)."""
     earliest = min((n.start for n in inputs.nodes), default=now)
     start = min(since if since is not None else earliest, now)
     return Ledger(
@@ -109,7 +113,7 @@ def ledger(
 
 def fold(events: Iterable[Event[Any]], *, prices: Mapping[str, PoolPrice]) -> CostInputs:
     """Node lifetimes, attempt holds and job owners from events in stream order."""
-    state = _Fold()
+    state = CostFold()
     for event in events:
         state.add(event)
     return state.inputs(prices)
@@ -118,7 +122,10 @@ def fold(events: Iterable[Event[Any]], *, prices: Mapping[str, PoolPrice]) -> Co
 AttemptKey = tuple[str, int]
 
 
-class _Fold:
+class CostFold:
+    """`fold`, one event at a time, for a reader that follows the stream. Adding an event
+    twice changes nothing, so a reader may start again from an earlier point."""
+
     def __init__(self) -> None:
         self.launched: dict[str, NodeLaunched] = {}
         self.node_end: dict[str, datetime] = {}
@@ -186,12 +193,14 @@ class _Fold:
             if not has_baseline:
                 without_baseline.add(launched.pool)
         holds = [hold for key in self.started for hold in self._holds(key)]
-        for job_id in {key[0] for key in self.started} - self.jobs.keys():
-            self.jobs[job_id] = JobInfo(job_id, owner="unknown")
+        jobs = dict(self.jobs)
+        for job_id in {key[0] for key in self.started} - jobs.keys():
+            # Not remembered: the job's own request may still be on its way.
+            jobs[job_id] = JobInfo(job_id, owner="unknown")
         return CostInputs(
             nodes=tuple(nodes),
             holds=tuple(holds),
-            jobs=dict(self.jobs),
+            jobs=jobs,
             pools_without_baseline=frozenset(without_baseline),
         )
 

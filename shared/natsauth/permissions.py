@@ -156,6 +156,8 @@ class Consumes:
             Rule(f"{JS_API}.CONSUMER.MSG.NEXT.{s}.{d}", why),
             Rule(f"$JS.ACK.{s}.{d}.>", why),
             Rule(dlq_subject(d, names.prefix), f"dead-letters what {d} cannot handle"),
+            # A role that also reads history deletes its own read consumers; never this one.
+            Rule(f"{JS_API}.CONSUMER.DELETE.{s}.{d}", "only ops deletes a consumer", deny=True),
         ]
 
 
@@ -363,6 +365,7 @@ TABLE: tuple[RoleSpec, ...] = (
         " the one writer of the pools bucket",
         (PoolResizeRequested, PoolResized, PoolResizeFailed, NodeLaunched, NodeReleased),
         WritesBucket(Bucket.POOLS),
+        ReadsHistory(("job", "node")),  # for the cost-accrued metrics
     ),
     _service(
         Role.PREEMPTION_WATCHER,

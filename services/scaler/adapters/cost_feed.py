@@ -1,0 +1,53 @@
+"""The cost meter's feed: JetStream's stored cost events, then each new one as it lands."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+import structlog
+
+from shared.cost import COST_EVENTS
+from shared.events import Event, decode, subjects_for
+from shared.messaging.jetstream import JetStreamBus
+
+log = structlog.get_logger()
+
+_BEFORE_ANY_EVENT = datetime(2000, 1, 1, tzinfo=UTC)
+
+
+class JetStreamCostFeed:
+    """One reading consumer per aggregate (`job`, `node`), filtered to a single subject:
+    what a reader's NATS permissions allow, and the server starts a single-subject consumer
+    by time exactly. Job progress, the bulk of the `job` events, is skipped undecoded."""
+
+    def __init__(self, bus: JetStreamBus) -> None:
+        self._bus = bus
+
+    async def follow(self, stop: asyncio.Event, add: Callable[[Event[Any]], None]) -> None:
+        wanted = frozenset(subjects_for(COST_EVENTS, self._bus.prefix))
+        aggregates = sorted({subject.rsplit(".", 1)[0] + ".>" for subject in wanted})
+        async with asyncio.TaskGroup() as group:
+            for aggregate in aggregates:
+                group.create_task(self._follow(aggregate, wanted, stop, add))
+
+    async def _follow(
+        self,
+        aggregate: str,
+        wanted: frozenset[str],
+        stop: asyncio.Event,
+        add: Callable[[Event[Any]], None],
+    ) -> None:
+        follow = self._bus.follow([aggregate], stop, since=_BEFORE_ANY_EVENT)
+        async with contextlib.aclosing(follow) as records:
+            async for record in records:
+                if record.subject not in wanted:
+                    continue
+                try:
+                    add(decode(record.data))
+                except ValueError as error:
+                    # Its consumers dead-lettered it; it bills nothing.
+                    log.warning("cost.event_unreadable", seq=record.seq, error=str(error))
