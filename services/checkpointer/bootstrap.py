@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from contextlib import AsyncExitStack
 
+from services.checkpointer import metrics
 from services.checkpointer.adapters.checkpoint_store import StorageCheckpoints
 from services.checkpointer.adapters.kv_jobs import KvJobReader
 from services.checkpointer.adapters.ray_gcs import RayGcsNodes
@@ -21,6 +22,7 @@ async def bootstrap(bus: EventBus, stack: AsyncExitStack) -> ServiceDefinition:
     if not isinstance(bus, JetStreamBus):
         msg = "the checkpointer reads job records from JetStream; it needs the JetStream bus"
         raise TypeError(msg)
+    metrics.declare()
     deps = Deps(
         bus=bus,
         clock=SystemClock(),

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Histogram
 
+from shared.events.types import CapacityClass
+
 NOTICES = Counter(
     "spotrain_preemption_notices_total", "Preemption notices handled, by pool.", ["pool"]
 )
@@ -23,3 +25,9 @@ DECISION_SECONDS = Histogram(
 )
 
 UNKNOWN_POOL = "unknown"
+
+
+def declare() -> None:
+    """Resumes by every capacity from 0 at start: "none yet" reads as 0, not as no series."""
+    for capacity in CapacityClass:
+        RESUMES.labels(capacity.value)

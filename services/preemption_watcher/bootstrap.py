@@ -6,7 +6,13 @@ import asyncio
 from contextlib import AsyncExitStack
 from datetime import timedelta
 
-from services.preemption_watcher.handlers import SERVICE, SUBSCRIPTIONS, Deps, relay
+from services.preemption_watcher.handlers import (
+    SERVICE,
+    SUBSCRIPTIONS,
+    Deps,
+    declare_sources,
+    relay,
+)
 from services.preemption_watcher.ports import SignalSource
 from services.preemption_watcher.settings import PreemptionWatcherSettings, SourceName
 from shared.clock import Clock, SystemClock
@@ -19,7 +25,9 @@ async def bootstrap(bus: EventBus, stack: AsyncExitStack) -> ServiceDefinition:
     settings = PreemptionWatcherSettings()
     clock = SystemClock()
     deps = Deps(bus=bus, clock=clock)
-    watches = [_watch(_source(name, settings, clock, stack), deps) for name in settings.sources]
+    sources = [_source(name, settings, clock, stack) for name in settings.sources]
+    declare_sources(source.name for source in sources)
+    watches = [_watch(source, deps) for source in sources]
     return ServiceDefinition(
         name=SERVICE,
         subscriptions=[Subscription(service=SERVICE, routes=bind_routes(SUBSCRIPTIONS, deps))],

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import structlog
@@ -15,7 +16,7 @@ from services.preemption_watcher.model import NodeSignal
 from services.preemption_watcher.ports import SignalSource
 from shared.clock import Clock
 from shared.events import Event, EventData, new_event
-from shared.events.data import NodeJoined
+from shared.events.data import NodeJoined, NodeLost, NodePreempting
 from shared.messaging import EventPublisher, HandlerWithDeps
 
 SERVICE = "preemption_watcher"
@@ -26,6 +27,14 @@ SIGNALS = Counter(
     "Node signals relayed onto the bus, by source and signal (preempting, lost).",
     ["source", "signal"],
 )
+
+
+def declare_sources(names: Iterable[str]) -> None:
+    """Each source's signals from 0 at start: "none yet" reads as 0, not as no series."""
+    for name in names:
+        for signal in (NodePreempting.event, NodeLost.event):
+            SIGNALS.labels(name, signal)
+
 
 _REMEMBERED = 10_000
 """Signal keys kept to drop repeats older than the bus's de-duplication window."""

@@ -6,6 +6,7 @@ import asyncio
 import os
 from contextlib import AsyncExitStack
 
+from services.scaler import metrics
 from services.scaler.adapters.cost_feed import JetStreamCostFeed
 from services.scaler.adapters.kv_demand import KvDemandStore
 from services.scaler.adapters.local_ray import LocalPoolProvider
@@ -45,6 +46,7 @@ async def bootstrap(bus: EventBus, stack: AsyncExitStack) -> ServiceDefinition:
         status=bucket,
     )
 
+    metrics.declare_pools(deps.pools)
     feed = JetStreamCostFeed(bus)
 
     async def tick() -> None:

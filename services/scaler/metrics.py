@@ -8,8 +8,9 @@ from collections.abc import Sequence
 
 from prometheus_client import Counter
 
-from services.scaler.model import Demand
+from services.scaler.model import Demand, PoolSpec, Reason
 from shared.cost import CostRow, Ledger
+from shared.events.data import ReleaseReason
 from shared.pools import PoolsStatus
 from shared.runtime.metrics import GaugeSpec, register_snapshot
 
@@ -88,6 +89,22 @@ PASS = register_snapshot(PASS_SPECS)
 COSTS = register_snapshot(COST_SPECS)
 
 Samples = dict[GaugeSpec, list[tuple[Sequence[str], float]]]
+
+
+def declare_pools(pools: Sequence[PoolSpec]) -> None:
+    """Every pool's counters from 0 at start, so that "no failure yet" reads as 0, not as a
+    missing series (which `increase()` and alerts cannot tell from a scrape gap)."""
+    for pool in pools:
+        RESIZE_FAILURES.labels(pool.name)
+        NODES_LAUNCHED.labels(pool.name, pool.capacity.value)
+        for released in ReleaseReason:
+            NODES_RELEASED.labels(pool.name, released.value)
+        for direction, reason in (
+            ("up", Reason.PENDING_DEMAND),
+            ("up", Reason.BELOW_MIN),
+            ("down", Reason.IDLE),
+        ):
+            RESIZES.labels(pool.name, direction, reason.value)
 
 
 def pass_samples(status: PoolsStatus, demands: Sequence[Demand]) -> Samples:

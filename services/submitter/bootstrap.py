@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from contextlib import AsyncExitStack
 
+from services.submitter import metrics
 from services.submitter.adapters.kv_job_store import KvJobStore
 from services.submitter.adapters.progress import StorageProgressReader
 from services.submitter.adapters.ray_jobs import RayJobSubmission
@@ -23,6 +24,7 @@ async def bootstrap(bus: EventBus, stack: AsyncExitStack) -> ServiceDefinition:
     if not isinstance(bus, JetStreamBus):
         msg = "the submitter keeps its records in JetStream; it needs the JetStream bus"
         raise TypeError(msg)
+    metrics.declare()
     js = bus.client.jetstream()
     deps = Deps(
         bus=bus,

@@ -8,7 +8,8 @@ from collections.abc import Iterable, Sequence
 
 from prometheus_client import Counter, Histogram
 
-from shared.jobs import AttemptState, JobRecord, JobState
+from shared.events.data import InterruptionCause
+from shared.jobs import TERMINAL_STATES, AttemptState, JobRecord, JobState
 from shared.runtime.metrics import GaugeSpec, register_snapshot
 
 JOB = ("job_id", "experiment", "owner")
@@ -53,6 +54,14 @@ RECORDS = register_snapshot(SPECS)
 Samples = dict[GaugeSpec, list[tuple[Sequence[str], float]]]
 
 NO_EXPERIMENT = "(none)"
+
+
+def declare() -> None:
+    """Every outcome and cause from 0 at start: "none yet" reads as 0, not as no series."""
+    for state in TERMINAL_STATES:
+        FINISHED.labels(state.value)
+    for cause in InterruptionCause:
+        ATTEMPTS_LOST.labels(cause.value)
 
 
 def record_samples(records: Iterable[JobRecord]) -> Samples:

@@ -25,6 +25,7 @@ from services.preemption_watcher.handlers import publish_signal
 from services.preemption_watcher.model import NodeSignal
 from services.scaler import metrics as scaler_metrics
 from services.scaler.handlers import follow_costs, measure_costs, reconcile
+from services.submitter import metrics as submitter_metrics
 from services.submitter.handlers import on_job_requested, on_job_resumed, track_attempts
 from services.submitter.model import RayJobState
 from services.submitter.policy import eta_s
@@ -343,3 +344,26 @@ async def test_watch_shows_the_platforms_eta_from_each_progress_report() -> None
     assert progress.tasks[0].fields["eta"] == "eta 1:02:03"
     assert progress.tasks[0].total == 100
     assert eta_text(None) == ""
+
+
+def test_counters_of_known_label_values_start_at_zero() -> None:
+    """A pool that never failed to grow reads 0 failures, not a missing series."""
+    from services.checkpointer import metrics as checkpointer_metrics  # noqa: PLC0415
+    from services.preemption_watcher.handlers import declare_sources  # noqa: PLC0415
+    from tests.unit.test_cost_scaler_events import SPOT  # noqa: PLC0415
+
+    unseen = SPOT.model_copy(update={"name": "gpu-never-used"})
+    scaler_metrics.declare_pools([unseen])
+    submitter_metrics.declare()
+    checkpointer_metrics.declare()
+    declare_sources(["k8s"])
+    zero = {
+        "spotrain_pool_resize_failures_total": {"pool": "gpu-never-used"},
+        "spotrain_nodes_released_total": {"pool": "gpu-never-used", "reason": "gone"},
+        "spotrain_jobs_finished_total": {"outcome": "rejected"},
+        "spotrain_attempts_lost_total": {"cause": "preempted"},
+        "spotrain_resumes_total": {"capacity": "on-demand"},
+        "spotrain_node_signals_total": {"source": "k8s", "signal": "preempting"},
+    }
+    for name, labels in zero.items():
+        assert REGISTRY.get_sample_value(name, labels) is not None, name
