@@ -36,7 +36,12 @@ TOOLS := .tools/bin
 $(TOOLS)/helm:
 	tools/install-helm $(TOOLS)
 
-test: lint $(TOOLS)/helm
+# prometheus for `spotrain up --prometheus` and its test, from Debian's package (apt-get
+# download, no root install) or the one on PATH.
+$(TOOLS)/prometheus:
+	tools/install-prometheus $(TOOLS)
+
+test: lint $(TOOLS)/helm $(TOOLS)/prometheus
 	$(BIN)/pytest
 
 down: $(STAMP)

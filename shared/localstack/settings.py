@@ -32,6 +32,12 @@ class LocalStackSettings(BaseSettings):
     secure: bool = False
     """One NATS user per component with only the subjects it needs (`spotrain up --secure`).
     A stack once started secure stays secure: its credentials folder says so."""
+    prometheus: bool = False
+    """Also run a Prometheus that scrapes the services and every Ray node
+    (`spotrain up --prometheus`)."""
+    prometheus_port: Port = Field(9090, gt=0, lt=65536)
+    prometheus_binary: Path | None = None
+    """Else `.tools/bin/prometheus` in the repository (tools/install-prometheus), else PATH."""
 
     @property
     def nats_url(self) -> str:
@@ -76,6 +82,10 @@ class LocalStackSettings(BaseSettings):
         return self.home / "nats"
 
     @property
+    def prometheus_url(self) -> str:
+        return f"http://{self.host}:{self.prometheus_port}"
+
+    @property
     def ray_temp_dir(self) -> Path:
         """Short on purpose: Ray puts Unix sockets under it, and their paths are limited."""
         digest = hashlib.sha256(str(self.home.resolve()).encode()).hexdigest()[:10]
@@ -101,4 +111,5 @@ def isolated_stack(home: Path) -> LocalStackSettings:
         ray_head_port_base=free_port_block(64),
         # The services serve on base+1 to base+4 (the Slack bot, when run, on base+5).
         service_port_base=free_port_block(8),
+        prometheus_port=free_port(),
     )

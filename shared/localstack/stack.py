@@ -7,6 +7,7 @@ processes whose PID files `up` wrote, with everything they spawned.
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import shutil
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
+from shared.localstack import prometheus
 from shared.localstack.nodes import NodeFolder
 from shared.localstack.processes import (
     ProcessRecord,
@@ -140,7 +142,14 @@ def components(settings: LocalStackSettings) -> list[Component]:
             f"--system-config={json.dumps(_HEAD_SYSTEM_CONFIG)}",
             *NodePorts(s.ray_head_port_base).argv(),
         ],
-        env=node_env(base_env),
+        env={
+            **node_env(base_env),
+            # In the head's own port block (see NodePorts): with Ray's defaults (44217,
+            # 44227) a second stack's head fails to bind them yet still lists them for
+            # Prometheus, which then scrapes the first stack's autoscaler and dashboard.
+            "AUTOSCALER_METRIC_PORT": str(s.ray_head_port_base + 6),
+            "DASHBOARD_METRIC_PORT": str(s.ray_head_port_base + 7),
+        },
         ports=(
             Port(s.ray_head_port_base + 2, "SPOTRAIN_LOCAL_RAY_HEAD_PORT_BASE"),
             Port(s.ray_gcs_port, "SPOTRAIN_LOCAL_RAY_GCS_PORT"),
@@ -173,7 +182,30 @@ def components(settings: LocalStackSettings) -> list[Component]:
                 stop_grace_s=25,
             )
         )
-    return [nats, ray_head, *services]
+    parts = [nats, ray_head, *services]
+    if _runs_prometheus(s):
+        parts.append(
+            Component(
+                name="prometheus",
+                argv=prometheus.argv(
+                    # Resolved leniently when only `down` or `status` needs it.
+                    prometheus_binary(s) if s.prometheus else _any_prometheus(s),
+                    s,
+                ),
+                env=base_env,
+                ports=(Port(s.prometheus_port, "SPOTRAIN_LOCAL_PROMETHEUS_PORT"),),
+                health_url=f"{s.prometheus_url}/-/ready",
+                endpoint=s.prometheus_url,
+                stop_grace_s=10,
+            )
+        )
+    return parts
+
+
+def _runs_prometheus(settings: LocalStackSettings) -> bool:
+    """Asked for (`up --prometheus`), or left running by such an `up`: then a plain `down`
+    stops it and `status` shows it."""
+    return settings.prometheus or _pid_file(settings, "prometheus").exists()
 
 
 _HEAD_SYSTEM_CONFIG = {
@@ -196,6 +228,23 @@ def nats_server_binary() -> str:
     return found
 
 
+def prometheus_binary(settings: LocalStackSettings) -> str:
+    """`SPOTRAIN_LOCAL_PROMETHEUS_BINARY`, else the checkout's `.tools/bin/prometheus`, else
+    one on PATH."""
+    found = prometheus.find_binary(settings)
+    if found is None or not Path(found).exists():
+        msg = (
+            "no prometheus found (SPOTRAIN_LOCAL_PROMETHEUS_BINARY, .tools/bin, PATH): "
+            "run tools/install-prometheus .tools/bin"
+        )
+        raise StackError(msg)
+    return found
+
+
+def _any_prometheus(settings: LocalStackSettings) -> str:
+    return prometheus.find_binary(settings) or "prometheus"
+
+
 Progress = Callable[[str], None]
 
 
@@ -206,6 +255,8 @@ def up(settings: LocalStackSettings, progress: Progress = lambda _: None) -> lis
     parts = components(settings)
     to_start = [c for c in parts if _running_record(settings, c) is None]
     _check_ports(to_start)
+    if any(c.name == "prometheus" for c in to_start):
+        prometheus.write_config(settings, SERVICES)
     started: list[ProcessRecord] = []
     try:
         first, rest = (
@@ -342,5 +393,6 @@ def _healthy(url: str) -> bool:
     try:
         with urllib.request.urlopen(url, timeout=1) as response:  # noqa: S310  # our own http URLs
             return bool(response.status == 200)
-    except (urllib.error.URLError, OSError, ValueError):
+    except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException):
+        # Not HTTP: another process took the port after the check (a gRPC server, say).
         return False
