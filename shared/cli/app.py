@@ -19,6 +19,7 @@ from shared.cli.cost import register_cost_commands
 from shared.cli.events import register_event_commands
 from shared.cli.jobs import duration_s, register_job_commands
 from shared.cli.nats_config import register_nats_commands
+from shared.cli.top import register_top_command
 from shared.client import PlatformError
 from shared.localstack import stack
 from shared.localstack.settings import LocalStackSettings
@@ -41,9 +42,15 @@ def up(
             "--secure", help="One NATS user per component, allowed only the subjects it needs."
         ),
     ] = False,
+    prometheus: Annotated[
+        bool, typer.Option("--prometheus", help="Also run Prometheus, scraping services and Ray.")
+    ] = False,
 ) -> None:
     """Start the local stack: NATS JetStream, a Ray head, the four services."""
-    settings = LocalStackSettings(secure=secure) if secure else LocalStackSettings()
+    env = LocalStackSettings()  # a flag turns a setting on; without it the environment decides
+    settings = LocalStackSettings(
+        secure=secure or env.secure, prometheus=prometheus or env.prometheus
+    )
     statuses = stack.up(settings, progress=lambda line: err.print(f"[dim]{line}[/dim]"))
     _print_statuses(statuses)
     out.print(
@@ -173,6 +180,7 @@ register_job_commands(app)
 register_cost_commands(app)
 register_event_commands(app)
 register_nats_commands(app)
+register_top_command(app)
 
 
 def _print_statuses(statuses: list[stack.ComponentStatus]) -> None:

@@ -1,0 +1,373 @@
+"""`spotrain top`: pools, jobs and cost on one screen, refreshed every few seconds.
+
+`render` draws one frame from a `TopSnapshot` and does nothing else; `SnapshotReader`
+reads snapshots from the bus; the command loops the two until Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+from collections.abc import AsyncIterator, Awaitable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Annotated, TypeVar
+
+import nats.errors
+import nats.js.errors
+import typer
+from rich.console import Group, RenderableType
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from shared.cli.console import CliError, out
+from shared.client import PlatformError, SpotrainClient
+from shared.clock import Clock, SystemClock
+from shared.cost import CostRow, GroupBy, cost_rows, format_usd, job_costs, total
+from shared.jobs import JobRecord, JobState
+from shared.messaging import BusSettings
+from shared.messaging.jetstream import BusUnavailableError, JetStreamBus
+from shared.pools import PoolsStatus
+
+T = TypeVar("T")
+
+_READ_ERRORS = (nats.errors.Error, TimeoutError, PlatformError)
+"""A read that failed but may succeed again (the client's timeouts are `PlatformError`)."""
+
+MIN_INTERVAL_S = 0.5
+"""Every refresh reads the jobs bucket and the cost events: not faster than this."""
+STALE_AFTER = timedelta(seconds=30)
+"""The scaler reports every few seconds; a report older than this is flagged."""
+REFRESH_TIMEOUT_S = 15.0
+"""A live refresh that takes longer (NATS gone, reconnecting) is given up and retried."""
+MAIN_METRICS = ("loss", "train_loss", "val_loss", "eval_loss")
+"""The metric a job's row shows, the first one it reports; else its first by name."""
+NO_SCALER = "the scaler has not reported yet; is it running? (spotrain status)"
+
+_STATE_COLOURS = {
+    JobState.RUNNING: "cyan",
+    JobState.SUCCEEDED: "green",
+    JobState.FAILED: "red",
+    JobState.REJECTED: "red",
+    JobState.CANCELLED: "dim",
+}
+
+
+@dataclass(frozen=True)
+class TopSnapshot:
+    """What one frame shows, read at `taken_at`."""
+
+    taken_at: datetime
+    pools: PoolsStatus | None
+    """The scaler's latest report; None before its first."""
+    jobs: Sequence[JobRecord] = ()
+    job_costs: Mapping[str, CostRow] = field(default_factory=dict)
+    """Each job's cost so far, by job id."""
+    experiments: Sequence[CostRow] = ()
+    """The cost rows by experiment (`cost_rows(ledger, GroupBy.EXPERIMENT)`)."""
+
+
+def render(snapshot: TopSnapshot, *, limit: int = 20) -> RenderableType:
+    """One frame: a header line, the pools, at most `limit` jobs (active ones first, then the
+    most recently finished), and the cost by experiment.
+
+    Pure: no I/O, no clock; the time shown is the snapshot's."""
+    parts: list[RenderableType] = [_header(snapshot)]
+    if snapshot.pools is None:
+        parts.append(Text(NO_SCALER, style="yellow"))
+    else:
+        parts.append(_pools_table(snapshot.pools, snapshot.taken_at))
+    parts.append(_jobs_table(snapshot, limit))
+    parts.append(_experiments_table(snapshot.experiments, limit))
+    return Group(*parts)
+
+
+def shown_jobs(jobs: Iterable[JobRecord], limit: int) -> tuple[list[JobRecord], int]:
+    """The jobs a frame lists, and how many it leaves out: active jobs newest first, then
+    finished ones, the most recently ended first."""
+    active = sorted((j for j in jobs if j.is_active), key=lambda j: j.accepted_at, reverse=True)
+    ended = sorted((j for j in jobs if not j.is_active), key=lambda j: j.updated_at, reverse=True)
+    ordered = active + ended
+    return ordered[:limit], max(0, len(ordered) - limit)
+
+
+def main_metric(metrics: Mapping[str, float]) -> str:
+    """The one metric a job's row has room for, as `name value`; empty when none."""
+    if not metrics:
+        return ""
+    name = next((m for m in MAIN_METRICS if m in metrics), None) or min(metrics)
+    return f"{name} {metrics[name]:.4g}"
+
+
+def _header(snapshot: TopSnapshot) -> Text:
+    line = Text()
+    line.append("spotrain top", style="bold")
+    line.append(f"  {snapshot.taken_at:%H:%M:%S}")
+    status = snapshot.pools
+    if status is not None:
+        over = status.cost_per_hour_usd > status.budget_per_hour_usd
+        line.append("   cost ")
+        line.append(f"${status.cost_per_hour_usd:.2f}/h", style="bold red" if over else "bold")
+        line.append(f" of ${status.budget_per_hour_usd:.2f}/h budget")
+        busy = sum(p.gpus_total - p.gpus_free for p in status.pools)
+        gpus = sum(p.gpus_total for p in status.pools)
+        share = f"{busy / gpus:.0%}" if gpus else "-"
+        line.append(f"   GPUs allocated {busy}/{gpus} ({share})")
+    queued = [j for j in snapshot.jobs if j.state is JobState.QUEUED]
+    line.append(f"   queue {len(queued)} jobs / {sum(j.gpus for j in queued)} GPUs")
+    if status is not None:
+        line.append("   blocked ")
+        line.append(str(status.blocked_jobs), style="bold red" if status.blocked_jobs else "")
+    return line
+
+
+def _pools_table(status: PoolsStatus, now: datetime) -> Table:
+    age = now - status.updated_at
+    seen_at = status.updated_at.astimezone(now.tzinfo)
+    title = Text(f"pools, as the scaler saw them at {seen_at:%H:%M:%S}")
+    if age > STALE_AFTER:
+        title.append(f" ({int(age.total_seconds())}s ago: is the scaler running?)", style="yellow")
+    table = Table(
+        "pool", "capacity", "nodes ready/all", "GPUs busy/total", "pending jobs",
+        "pending GPUs", "target", "$/h per node",
+        title=title, title_justify="left",
+    )  # fmt: skip
+    for row in status.pools:
+        table.add_row(
+            row.pool,
+            row.capacity.value,
+            f"{row.ready}/{row.nodes}",
+            f"{row.gpus_total - row.gpus_free}/{row.gpus_total}",
+            str(row.pending_jobs),
+            str(row.pending_gpus),
+            str(row.target),
+            f"{row.price_per_hour_usd:.2f}",
+        )
+    return table
+
+
+def _jobs_table(snapshot: TopSnapshot, limit: int) -> Table:
+    rows, left_out = shown_jobs(snapshot.jobs, limit)
+    table = Table(
+        "job", "owner", "experiment", "state", "attempt", "step", "metric", "interruptions",
+        "cost",
+        title="jobs, active first", title_justify="left",
+        caption=f"{left_out} more not shown (--limit)" if left_out else None,
+        caption_justify="left",
+    )  # fmt: skip
+    for record in rows:
+        attempt = record.current
+        spent = snapshot.job_costs.get(record.job_id)
+        table.add_row(
+            record.job_id,
+            record.request.owner,
+            record.request.experiment or "",
+            Text(record.state.value, style=_STATE_COLOURS.get(record.state, "yellow")),
+            str(attempt.number) if attempt else "-",
+            _step(attempt.step, attempt.total_steps) if attempt else "-",
+            main_metric(attempt.metrics) if attempt else "",
+            str(record.interruptions),
+            format_usd(spent.cost_usd) if spent else "-",
+        )
+    if not rows:
+        table.add_row("[dim]no jobs[/]", *[""] * 8)
+    return table
+
+
+def _step(step: int | None, total_steps: int | None) -> str:
+    if step is None:
+        return "-"
+    return f"{step}/{total_steps}" if total_steps is not None else str(step)
+
+
+def _experiments_table(rows: Sequence[CostRow], limit: int) -> Table:
+    shown = rows[:limit]
+    table = Table(
+        "experiment", "cost", "waste", "saving vs on-demand",
+        title="cost by experiment, all on record", title_justify="left",
+        show_footer=bool(rows),
+        caption=f"{len(rows) - limit} more not shown" if len(rows) > limit else None,
+        caption_justify="left",
+    )  # fmt: skip
+    for row in shown:
+        if row.idle_pool is not None:
+            name = f"[dim](idle {row.idle_pool})[/]"
+        else:
+            name = row.key or "[dim](none)[/]"
+        table.add_row(name, *_figures(row))
+    if rows:
+        for column, cell in zip(table.columns, ("total", *_figures(total(rows))), strict=True):
+            column.footer = cell
+    else:
+        table.add_row("[dim]nothing billed yet[/]", "", "", "")
+    return table
+
+
+def _figures(row: CostRow) -> tuple[str, str, str]:
+    return (
+        format_usd(row.cost_usd),
+        format_usd(row.waste_usd),
+        format_usd(row.saving_vs_on_demand_usd),
+    )
+
+
+# --- reading snapshots -----------------------------------------------------------------
+
+
+class SnapshotReader:
+    """Reads snapshots from the bus: the pools report, the job records, the cost events."""
+
+    def __init__(self, client: SpotrainClient, clock: Clock) -> None:
+        self._client = client
+        self._clock = clock
+
+    async def read(self) -> TopSnapshot:
+        pools, jobs, ledger = await asyncio.gather(
+            self._client.pools(), self._client.jobs(), self._client.costs()
+        )
+        return TopSnapshot(
+            taken_at=self._clock.now().astimezone(),
+            pools=pools,
+            jobs=jobs,
+            job_costs=job_costs(ledger),
+            experiments=cost_rows(ledger, GroupBy.EXPERIMENT),
+        )
+
+
+@contextlib.asynccontextmanager
+async def connected_reader(settings: BusSettings | None = None) -> AsyncIterator[SnapshotReader]:
+    """A reader over a bus of its own, closed on exit; no NATS is the error `ls` gives."""
+    settings = settings or BusSettings(connect_timeout_s=3)
+    try:
+        bus = await JetStreamBus.connect(settings, name="spotrain-top")
+    except BusUnavailableError:
+        msg = f"the stack is not running (no NATS at {settings.nats_url}); start it: spotrain up"
+        raise PlatformError(msg) from None
+    try:
+        yield SnapshotReader(SpotrainClient(bus, SystemClock()), SystemClock())
+    finally:
+        # A bus that went away under a live view may fail to close: nothing is left to lose.
+        with contextlib.suppress(nats.errors.Error, TimeoutError, OSError):
+            await bus.close()
+
+
+# --- the command -----------------------------------------------------------------------
+
+
+def register_top_command(app: typer.Typer) -> None:
+    app.command()(top)
+
+
+def top(
+    interval: Annotated[float, typer.Option(help="Seconds between refreshes.")] = 2.0,
+    once: Annotated[
+        bool, typer.Option("--once", help="Print one frame and exit (for scripts).")
+    ] = False,
+    limit: Annotated[
+        int, typer.Option(min=1, help="At most this many jobs, and experiments, shown.")
+    ] = 20,
+) -> None:
+    """Pools, jobs and cost on one live screen, refreshed every --interval seconds."""
+    if not interval >= MIN_INTERVAL_S:  # `not >=` also refuses NaN
+        msg = f"--interval takes seconds, at least {MIN_INTERVAL_S:g}, not {interval:g}"
+        raise CliError(msg, 2)
+    if once:
+        out.print(render(asyncio.run(_once()), limit=limit))
+        return
+    asyncio.run(_live(interval, limit))
+
+
+async def _once() -> TopSnapshot:
+    async with connected_reader() as reader:
+        try:
+            return await reader.read()
+        except _READ_ERRORS as error:
+            raise CliError(f"reading the bus failed: {_one_line(error)}") from None
+
+
+async def _live(interval_s: float, limit: int) -> None:
+    """Frames until Ctrl-C or SIGTERM, which end it quietly. On a terminal each frame
+    replaces the last; elsewhere (a pipe, a file) they follow one another."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        async with connected_reader() as reader:
+            try:
+                first = await _unless(stop, reader.read())
+            except _READ_ERRORS as error:
+                raise CliError(f"reading the bus failed: {_one_line(error)}") from None
+            if first is None:
+                return
+            frames = _frames(reader, stop, first, interval_s=interval_s, limit=limit)
+            if not out.is_terminal:
+                async for frame in frames:
+                    out.print(frame)
+                return
+            with Live(console=out, auto_refresh=False) as live:
+                async for frame in frames:
+                    live.update(frame, refresh=True)
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+
+
+async def _frames(
+    reader: SnapshotReader,
+    stop: asyncio.Event,
+    first: TopSnapshot,
+    *,
+    interval_s: float,
+    limit: int,
+) -> AsyncIterator[RenderableType]:
+    """The first snapshot's frame, then one every `interval_s` until `stop` is set. A failed
+    read keeps the last snapshot, says why under it, and is tried again at the next refresh."""
+    last = first
+    yield render(first, limit=limit)
+    while not await _stopped_within(stop, interval_s):
+        try:
+            snapshot = await _unless(stop, _within(REFRESH_TIMEOUT_S, reader.read()))
+        except _READ_ERRORS as error:
+            problem = Text(f"refresh failed, retrying: {_one_line(error)}", style="red")
+            yield Group(render(last, limit=limit), problem)
+            continue
+        if snapshot is None:
+            return
+        last = snapshot
+        yield render(snapshot, limit=limit)
+
+
+async def _within(seconds: float, work: Awaitable[T]) -> T:
+    try:
+        return await asyncio.wait_for(work, timeout=seconds)
+    except TimeoutError:
+        raise PlatformError(f"NATS did not answer within {seconds:g}s") from None
+
+
+async def _stopped_within(stop: asyncio.Event, seconds: float) -> bool:
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), timeout=seconds)
+    return stop.is_set()
+
+
+async def _unless(stop: asyncio.Event, work: Awaitable[T]) -> T | None:
+    """The work's result, or None once `stop` is set first (the work is then cancelled)."""
+    task = asyncio.ensure_future(work)
+    stopping = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait((task, stopping), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopping.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    return None
+
+
+def _one_line(error: BaseException) -> str:
+    return " ".join(str(error).split()) or type(error).__name__
