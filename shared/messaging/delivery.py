@@ -71,6 +71,12 @@ class DeadLetterReason(StrEnum):
     DELIVERY_LIMIT = "delivery-limit"
 
 
+def declare_dead_letters(service: str) -> None:
+    """Every reason from 0 at start: "no dead letter yet" reads as 0, not as no series."""
+    for reason in (*InvalidReason, *DeadLetterReason):
+        DEAD_LETTERS.labels(service, reason.value)
+
+
 @dataclass(frozen=True)
 class RedeliveryPolicy:
     """How often and how patiently a failing handler is retried before dead-lettering."""

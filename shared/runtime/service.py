@@ -19,6 +19,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shared.logs import configure_logging
 from shared.messaging import BusSettings, EventBus, Subscription
+from shared.messaging.delivery import declare_dead_letters
 from shared.messaging.jetstream import JetStreamBus
 from shared.messaging.metrics import BUS_CONNECTED
 from shared.runtime.http import start_http_endpoint
@@ -86,6 +87,7 @@ async def serve(
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     log_ = log.bind(service=name)
+    declare_dead_letters(name)
     async with AsyncExitStack() as stack:
         bus = await JetStreamBus.connect(bus_settings, name=name)
         stack.push_async_callback(bus.close)

@@ -14,7 +14,8 @@ from tests.e2e.stack import spotrain, stack_env
 def local_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     """The environment of a running stack: pass it to `spotrain(...)` or subprocesses."""
     env = stack_env(tmp_path_factory.mktemp("shared-stack") / "stack")
-    up = spotrain(env, "up")
+    # With Prometheus, so that what the tests do shows in the metrics and dashboards.
+    up = spotrain(env, "up", "--prometheus")
     assert up.returncode == 0, up.stderr + up.stdout
     yield env
     spotrain(env, "down")

@@ -36,6 +36,7 @@ def stack_env(home: Path) -> dict[str, str]:
         "SPOTRAIN_LOCAL_RAY_CLIENT_PORT": str(free_port_below(10_000)),
         "SPOTRAIN_LOCAL_RAY_HEAD_PORT_BASE": str(free_port_block(64)),
         "SPOTRAIN_LOCAL_SERVICE_PORT_BASE": str(service_base),
+        "SPOTRAIN_LOCAL_PROMETHEUS_PORT": str(free_port()),
         "SPOTRAIN_NATS_URL": f"nats://127.0.0.1:{nats_port}",
     }
 
@@ -56,3 +57,7 @@ def demo_figures(stdout: str) -> dict[str, str]:
         if name in names:
             figures[name] = value.strip()
     return figures
+
+
+def prometheus_url(env: dict[str, str]) -> str:
+    return f"http://127.0.0.1:{env['SPOTRAIN_LOCAL_PROMETHEUS_PORT']}"

@@ -1,36 +1,23 @@
-"""`spotrain up --prometheus`: a real Prometheus scrapes the four services and Ray's nodes,
-and `spotrain down` stops it with the rest."""
+"""`spotrain up --prometheus`: a real Prometheus scrapes the four services and Ray's nodes
+(test_local_stack checks that `spotrain down` stops it with the rest)."""
 
 from __future__ import annotations
 
 import json
-import os
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from shared.localstack.ports import free_port
-from shared.localstack.processes import session_processes
 from shared.localstack.settings import LocalStackSettings
 from shared.localstack.stack import SERVICES, StackError, prometheus_binary
-from tests.e2e.stack import sessions, spotrain, stack_env
+from tests.e2e.stack import prometheus_url, spotrain
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(120)]
 
 SCRAPED_WITHIN_S = 30
-
-
-@pytest.fixture
-def home(tmp_path: Path) -> Iterator[Path]:
-    home = tmp_path / "stack"
-    yield home
-    # Whatever happened in the test, leave nothing running (Prometheus included).
-    spotrain({**os.environ, "SPOTRAIN_LOCAL_HOME": str(home)}, "down")
 
 
 def get(url: str) -> Any:
@@ -47,21 +34,15 @@ def targets_up(prometheus_url: str) -> dict[str, list[dict[str, Any]]]:
     return found
 
 
-def test_up_prometheus_scrapes_services_and_ray_until_down(home: Path) -> None:
-    """Every service is up under its own `service` label, a Ray node is up, and `down`
-    stops Prometheus with everything else."""
+def test_the_stacks_prometheus_scrapes_every_service_and_ray(local_stack: dict[str, str]) -> None:
+    """Every service is up under its own `service` label, and a Ray node is up."""
     try:
         prometheus_binary(LocalStackSettings())
     except StackError as e:
         pytest.fail(f"{e} (make test does it)")
-    env = {**stack_env(home), "SPOTRAIN_LOCAL_PROMETHEUS_PORT": str(free_port())}
-    url = f"http://127.0.0.1:{env['SPOTRAIN_LOCAL_PROMETHEUS_PORT']}"
-
-    up = spotrain(env, "up", "--prometheus")
-    assert up.returncode == 0, up.stderr + up.stdout
-    status = spotrain(env, "status")
+    url = prometheus_url(local_stack)
+    status = spotrain(local_stack, "status")
     assert status.returncode == 0, status.stdout
-    assert "prometheus" in status.stdout
     assert url in status.stdout
 
     deadline = time.monotonic() + SCRAPED_WITHIN_S
@@ -76,10 +57,3 @@ def test_up_prometheus_scrapes_services_and_ray_until_down(home: Path) -> None:
     series = get(f"{url}/api/v1/query?{query}")["data"]["result"]
     assert sorted(s["metric"]["service"] for s in series) == sorted(SERVICES)
     assert [s["value"][1] for s in series] == ["1"] * 4
-
-    leader = sessions(home)["prometheus"]
-    down = spotrain(env, "down")
-    assert down.returncode == 0, down.stderr
-    assert "prometheus" in down.stdout
-    assert session_processes(leader) == []
-    assert "prometheus" not in sessions(home)

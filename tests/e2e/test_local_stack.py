@@ -31,16 +31,17 @@ def home(tmp_path: Path) -> Iterator[Path]:
 def test_up_status_demo_down_leaves_nothing_running(home: Path) -> None:
     env = stack_env(home)
     started = time.monotonic()
-    up = spotrain(env, "up")
+    up = spotrain(env, "up", "--prometheus")
     up_s = time.monotonic() - started
     assert up.returncode == 0, up.stderr + up.stdout
     assert up_s < 60, f"spotrain up took {up_s:.1f}s"
 
     status = spotrain(env, "status")
     assert status.returncode == 0, status.stdout
-    for part in ("nats", "ray-head", "submitter", "scaler", "preemption_watcher", "checkpointer"):
+    parts = ("nats", "ray-head", "submitter", "scaler", "preemption_watcher", "checkpointer")
+    for part in (*parts, "prometheus"):
         assert part in status.stdout
-    assert status.stdout.count("healthy") == 6
+    assert status.stdout.count("healthy") == 7
 
     first = sessions(home)
     again = spotrain(env, "up")
@@ -56,6 +57,7 @@ def test_up_status_demo_down_leaves_nothing_running(home: Path) -> None:
     assert 0 <= int(figures["steps_lost"]) <= CHECKPOINT_EVERY, "at most one interval lost"
 
     leaders = sessions(home)
+    assert "prometheus" in leaders, "a plain `down` stops what `up --prometheus` started"
     assert all(session_processes(pid) for pid in leaders.values())
     down = spotrain(env, "down")
     assert down.returncode == 0, down.stderr

@@ -1,5 +1,6 @@
 """Preemption end to end on the local stack: real Ray nodes killed under a real training run,
-the job resumed from its checkpoint on another node, its result the uninterrupted one's."""
+the job resumed from its checkpoint on another node, its result the uninterrupted one's.
+(A preemption with a notice is test_observability's run.)"""
 
 from __future__ import annotations
 
@@ -15,17 +16,6 @@ from shared.localstack.processes import ProcessRecord
 from tests.e2e.stack import CLI, demo_figures, spotrain
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
-
-
-def test_with_a_notice_the_job_checkpoints_in_time_and_loses_at_most_one_step(
-    local_stack: dict[str, str],
-) -> None:
-    demo = spotrain(local_stack, "demo", "--notice", "5s", timeout_s=300)
-    assert demo.returncode == 0, demo.stderr + demo.stdout
-    figures = demo_figures(demo.stdout)
-    assert "interrupted: preempted" in demo.stdout, "stopped on request, not by the kill"
-    assert int(figures["steps_lost"]) <= 1
-    assert figures["result_matches_uninterrupted"] == "true", demo.stdout
 
 
 def test_two_preemptions_in_a_row_with_the_checkpointer_down_during_the_second(
