@@ -53,6 +53,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/recovery.py
 	$(BIN)/python bench/scaler.py
 	$(BIN)/python bench/scaler_trace.py
+	$(BIN)/python bench/cost_meter.py
 
 clean:
 	rm -rf $(VENV) .tools .mypy_cache .ruff_cache .pytest_cache .hypothesis

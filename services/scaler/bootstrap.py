@@ -53,7 +53,7 @@ async def bootstrap(bus: EventBus, stack: AsyncExitStack) -> ServiceDefinition:
         await reconcile(deps)
 
     async def measure() -> None:
-        measure_costs(deps)
+        await measure_costs(deps)
 
     async def follow(stop: asyncio.Event) -> None:
         await follow_costs(feed, deps, stop)

@@ -66,8 +66,10 @@ class Deps:
     ended_nodes: set[str] = field(default_factory=set)
     """Nodes whose end this process announced, while the provider still lists them (a
     release may take a while): never announced as launched again."""
+    cost_events: list[Event[Any]] = field(default_factory=list)
+    """Cost events read since the last cost pass, which folds them."""
     costs: CostFold = field(default_factory=CostFold)
-    """Every cost event read so far, for the cost-accrued metrics."""
+    """Every cost event folded so far; touched only by the cost pass, off the event loop."""
 
 
 async def on_job_queued(event: Event[JobQueued], deps: Deps) -> None:
@@ -238,16 +240,24 @@ async def _node_released(
 
 
 async def follow_costs(feed: CostEventFeed, deps: Deps, stop: asyncio.Event) -> None:
-    """Fold every cost event, stored and new, until `stop`: folding is idempotent and
+    """Collect every cost event, stored and new, until `stop`. Folding is idempotent and
     order-free across aggregates, so a feed that starts over or interleaves is fine."""
-    await feed.follow(stop, deps.costs.add)
+    await feed.follow(stop, deps.cost_events.append)
 
 
-def measure_costs(deps: Deps) -> None:
-    """Attribute what was folded up to now, for the cost-accrued metrics: the same
-    attribution as `spotrain cost`, from the nodes' own prices."""
-    ledger = attributed(deps.costs.inputs({}), now=deps.clock.now())
-    metrics.COSTS.replace(metrics.cost_samples(ledger))
+async def measure_costs(deps: Deps) -> None:
+    """Fold what arrived and attribute all of it, for the cost-accrued metrics: the same
+    attribution as `spotrain cost`, from the nodes' own prices. In a thread: a long
+    history takes seconds (bench/cost_meter.py), and the reconcile loop must not wait."""
+    arrived, deps.cost_events = deps.cost_events, []
+    now = deps.clock.now()
+
+    def attribute() -> metrics.Samples:
+        for event in arrived:
+            deps.costs.add(event)
+        return metrics.cost_samples(attributed(deps.costs.inputs({}), now=now))
+
+    metrics.COSTS.replace(await asyncio.to_thread(attribute))
 
 
 _PLAIN_ID = re.compile(r"^[A-Za-z0-9._-]{1,100}$")

@@ -28,7 +28,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 # Four scrapes (every 2 s on the local stack), as Grafana's $__rate_interval would be.
 SUBSTITUTIONS = {"__rate_interval": "8s", "job_id": ".*"}
 SETTLED_WITHIN_S = 30
-"""The cost meter attributes every 5 s and Prometheus scrapes every 2 s."""
+"""The cost meter attributes every 10 s (plus the pass) and Prometheus scrapes every 2 s."""
 
 
 def query(url: str, promql: str, at: float | None = None) -> list[dict[str, Any]]:

@@ -150,7 +150,7 @@ async def test_cost_accrued_is_the_ledger_of_the_events_read_by_experiment_and_p
     clock = FixedClock(s.t(3600))
     deps = make_deps(clock, FakeCluster(clock))
     await follow_costs(ListFeed(events), deps, asyncio.Event())
-    measure_costs(deps)
+    await measure_costs(deps)
     expected = ledger(events, now=s.t(3600))
     assert value("spotrain_cost_usd", experiment="exp", pool="gpu-spot") == pytest.approx(
         0.72 / 2 / 2  # half the node's GPUs for half an hour at $0.72/h
