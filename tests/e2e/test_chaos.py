@@ -3,7 +3,7 @@
 started again. Afterwards every job ended as its own code says, no attempt reached Ray
 twice, no request lost its outcome, and every node-second is on the bill.
 
-Bounded: about twenty short jobs and one fixed, seeded schedule of disruptions.
+Bounded: a dozen short jobs and one fixed, seeded schedule of disruptions.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def job_requests(workdir_ref: object) -> list[JobRequested]:
     def digits(job_id: str, gpus: int, steps: int, capacity: CapacityClass) -> JobRequested:
         return JobRequested(
             job_id=job_id,
-            # Spread over owners: one owner's twenty jobs at once would pass their GPU quota.
+            # Spread over owners: one owner's dozen jobs at once would pass their GPU quota.
             owner=f"team-{sum(map(ord, job_id)) % 6}",
             experiment="chaos",
             entrypoint=(
@@ -85,12 +85,9 @@ def job_requests(workdir_ref: object) -> list[JobRequested]:
 
     requests = [
         digits(f"chaos-{n:02d}", gpus=1 + n % 2, steps=60 + 10 * (n % 4), capacity=cap)
-        for n, cap in enumerate([CapacityClass.SPOT] * 10 + [CapacityClass.ANY] * 6)
+        for n, cap in enumerate([CapacityClass.SPOT] * 6 + [CapacityClass.ANY] * 3)
     ]
-    requests += [
-        digits(f"chaos-cpu-{n}", gpus=0, steps=40, capacity=CapacityClass.ON_DEMAND)
-        for n in range(2)
-    ]
+    requests.append(digits("chaos-cpu-0", gpus=0, steps=40, capacity=CapacityClass.ON_DEMAND))
     # Two workers, all placed or none: the scaler must grow room for both.
     requests.append(
         digits("chaos-multi", gpus=1, steps=40, capacity=CapacityClass.SPOT).model_copy(
@@ -122,7 +119,7 @@ def disrupt(env: dict[str, str], chaos: Chaos, stop: threading.Event, seed: int)
             return
     time.sleep(2)
     for victim in victims:
-        if stop.wait(rng.uniform(1.5, 3)):
+        if stop.wait(rng.uniform(1, 2)):
             return
         if victim in ("preempt", "preempt-notice"):
             try:
