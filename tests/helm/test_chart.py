@@ -798,7 +798,7 @@ def test_metadata_agent_runs_on_every_spot_pool_and_nowhere_else(
 
 
 def test_pod_monitoring_selects_the_services_metrics_port(gke: list[Manifest]) -> None:
-    (monitoring,) = kinds(gke, "PodMonitoring")
+    monitoring = named(gke, "PodMonitoring", "spotrain")
     assert monitoring["apiVersion"] == "monitoring.googleapis.com/v1"
     selector = monitoring["spec"]["selector"]
     (expression,) = selector["matchExpressions"]
@@ -821,10 +821,32 @@ def test_pod_monitor_for_prometheus_operator(helm: Helm) -> None:
             "metrics.podMonitor.labels.release": "kube-prometheus",
         }
     )
-    (monitor,) = kinds(manifests, "PodMonitor")
+    monitor = named(manifests, "PodMonitor", "spotrain")
     assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
     assert monitor["metadata"]["labels"]["release"] == "kube-prometheus"
     assert monitor["spec"]["podMetricsEndpoints"][0]["path"] == "/metrics"
+
+
+def test_every_ray_pod_is_scraped_on_its_metrics_port(gke: list[Manifest], helm: Helm) -> None:
+    """Ray's own exporter is where device GPU figures come from (the dashboards' device
+    panel): the head and every worker group are selected, on the port they expose."""
+    operator = helm.render(sets={**REQUIRED_SETS, "metrics.podMonitor.enabled": "true"})
+    for monitor, endpoints in (
+        (named(gke, "PodMonitoring", "spotrain-ray"), "endpoints"),
+        (named(operator, "PodMonitor", "spotrain-ray"), "podMetricsEndpoints"),
+    ):
+        selector = monitor["spec"]["selector"]
+        (expression,) = selector["matchExpressions"]
+        [endpoint] = monitor["spec"][endpoints]
+        assert (endpoint["port"], endpoint["path"]) == ("metrics", "/metrics")
+        ray_pods = [p for p in pods(gke) if p.where.startswith("RayCluster/")]
+        assert len(ray_pods) >= 2, "a head and at least one worker group"
+        for pod in ray_pods:
+            labels = pod.metadata["labels"]
+            assert selector["matchLabels"].items() <= labels.items(), pod.where
+            assert labels["app.kubernetes.io/component"] in expression["values"], pod.where
+            ports = pod.spec["containers"][0]["ports"]
+            assert any(p["name"] == "metrics" for p in ports), pod.where
 
 
 def test_dashboards_become_configmaps_for_grafanas_sidecar(helm: Helm, tmp_path: Path) -> None:
