@@ -28,7 +28,6 @@ from shared.clock import Clock, SystemClock
 from shared.cost import CostRow, GroupBy, cost_rows, format_usd, job_costs, total
 from shared.jobs import JobRecord, JobState
 from shared.messaging import BusSettings
-from shared.messaging.jetstream import BusUnavailableError, JetStreamBus
 from shared.pools import PoolsStatus
 
 T = TypeVar("T")
@@ -238,19 +237,14 @@ class SnapshotReader:
 
 @contextlib.asynccontextmanager
 async def connected_reader(settings: BusSettings | None = None) -> AsyncIterator[SnapshotReader]:
-    """A reader over a bus of its own, closed on exit; no NATS is the error `ls` gives."""
-    settings = settings or BusSettings(connect_timeout_s=3)
+    """A reader over a client of its own, closed on exit; no NATS is the error `ls` gives."""
+    client = await SpotrainClient.connect(settings)
     try:
-        bus = await JetStreamBus.connect(settings, name="spotrain-top")
-    except BusUnavailableError:
-        msg = f"the stack is not running (no NATS at {settings.nats_url}); start it: spotrain up"
-        raise PlatformError(msg) from None
-    try:
-        yield SnapshotReader(SpotrainClient(bus, SystemClock()), SystemClock())
+        yield SnapshotReader(client, SystemClock())
     finally:
         # A bus that went away under a live view may fail to close: nothing is left to lose.
         with contextlib.suppress(nats.errors.Error, TimeoutError, OSError):
-            await bus.close()
+            await client.close()
 
 
 # --- the command -----------------------------------------------------------------------

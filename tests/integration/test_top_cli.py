@@ -26,6 +26,7 @@ from shared.messaging.jetstream import JetStreamBus
 from shared.natsauth import Role, write_nats_config
 from shared.pools import STATUS_KEY, PoolsStatus, PoolStatus, pools_bucket
 from tests.cli import ENTRY
+from tests.unit.test_top import row
 
 pytestmark = pytest.mark.integration
 
@@ -116,27 +117,20 @@ def environment(settings: BusSettings) -> dict[str, str]:
     }
 
 
-def row(text: str, first: str) -> list[str]:
-    """The cells of the one table row whose first cell is `first`."""
-    rows = [
-        cells
-        for line in text.splitlines()
-        if (cells := [cell.strip() for cell in line.split("│")][1:-1]) and cells[0] == first
-    ]
-    assert len(rows) == 1, text
-    return rows[0]
+def once(settings: BusSettings) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        command("--once"),
+        capture_output=True,
+        text=True,
+        env=environment(settings),
+        timeout=60,
+        check=False,
+    )
 
 
 @pytest.mark.usefixtures("seeded")
 def test_once_prints_the_seeded_pool_and_job(bus_settings: BusSettings) -> None:
-    result = subprocess.run(
-        command("--once"),
-        capture_output=True,
-        text=True,
-        env=environment(bus_settings),
-        timeout=60,
-        check=False,
-    )
+    result = once(bus_settings)
     assert result.returncode == 0, result.stderr
     assert result.stderr == ""
     assert "GPUs allocated 2/4 (50%)" in result.stdout
@@ -149,14 +143,7 @@ def test_once_prints_the_seeded_pool_and_job(bus_settings: BusSettings) -> None:
 def test_once_before_the_scaler_reports_says_so(
     jetstream_bus: JetStreamBus, bus_settings: BusSettings
 ) -> None:
-    result = subprocess.run(
-        command("--once"),
-        capture_output=True,
-        text=True,
-        env=environment(bus_settings),
-        timeout=60,
-        check=False,
-    )
+    result = once(bus_settings)
     assert result.returncode == 0, result.stderr
     assert NO_SCALER in result.stdout
     assert "no jobs" in result.stdout
