@@ -249,7 +249,9 @@ async def measure_costs(deps: Deps) -> None:
     """Fold what arrived and attribute all of it, for the cost-accrued metrics: the same
     attribution as `spotrain cost`, from the nodes' own prices. In a thread: a long
     history takes seconds (bench/cost_meter.py), and the reconcile loop must not wait."""
-    arrived, deps.cost_events = deps.cost_events, []
+    # The same list, emptied: the feed holds on to it (`follow_costs`).
+    arrived = deps.cost_events.copy()
+    deps.cost_events.clear()
     now = deps.clock.now()
 
     def attribute() -> metrics.Samples:

@@ -202,8 +202,17 @@ class Transition:
     facts: tuple[Fact, ...] = ()
 
 
-# Ray reports these when the process supervising the job vanished with its node.
-_NODE_LOSS_ERRORS = frozenset({"JOB_SUPERVISOR_ACTOR_DIED", "JOB_SUPERVISOR_ACTOR_UNKNOWN_FAILURE"})
+# Ray reports these when the process supervising the job vanished with its node. The
+# last: Ray's job manager looks a running job's supervisor up and finds none, which is
+# what it sees once the supervisor's node was killed (ray/dashboard/modules/job/
+# job_manager.py, "failed to get job supervisor"); user code cannot cause it.
+_NODE_LOSS_ERRORS = frozenset(
+    {
+        "JOB_SUPERVISOR_ACTOR_DIED",
+        "JOB_SUPERVISOR_ACTOR_UNKNOWN_FAILURE",
+        "JOB_SUPERVISOR_ACTOR_START_FAILURE",
+    }
+)
 
 
 def classify_failure(status: RayJobStatus, *, checkpoint_requested: bool) -> FailureKind:

@@ -163,6 +163,30 @@ async def test_cost_accrued_is_the_ledger_of_the_events_read_by_experiment_and_p
     assert value("spotrain_saving_vs_on_demand_usd", experiment="exp", pool="gpu-spot") > 0
 
 
+async def test_events_that_arrive_after_a_pass_count_in_the_next() -> None:
+    """The feed keeps handing events to the list it was given, pass after pass."""
+    s = Story()
+    clock = FixedClock(s.t(3600))
+    deps = make_deps(clock, FakeCluster(clock))
+    handed: list[Callable[[Event[Any]], None]] = []
+
+    class HeldFeed:
+        async def follow(self, stop: asyncio.Event, add: Callable[[Event[Any]], None]) -> None:
+            handed.append(add)
+
+    await follow_costs(HeldFeed(), deps, asyncio.Event())
+    [add] = handed
+    add(s.launched("n1", 0))
+    await measure_costs(deps)
+    assert value("spotrain_cost_usd", experiment="late", pool="gpu-spot") == 0
+    add(s.requested("job-late", "ann", "late"))
+    add(s.started("job-late", 1, "n1", at=0))
+    await measure_costs(deps)
+    assert value("spotrain_cost_usd", experiment="late", pool="gpu-spot") == pytest.approx(
+        0.72 / 2  # half the node's GPUs for the hour
+    )
+
+
 def test_folding_events_again_changes_nothing() -> None:
     """The feed starts again from the first event after a reconnect or a restart."""
     s = Story()

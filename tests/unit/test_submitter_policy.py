@@ -129,6 +129,17 @@ NODE_DIED = status(R.FAILED, error_type="JOB_SUPERVISOR_ACTOR_DIED", message="no
         pytest.param(status(R.SUCCEEDED), Reason.SUCCEEDED, J.SUCCEEDED, A.SUCCEEDED, id="done"),
         pytest.param(SCRIPT_ERROR, Reason.USER_ERROR, J.FAILED, A.FAILED, id="users-error"),
         pytest.param(NODE_DIED, Reason.NODE_LOST, J.INTERRUPTED, A.LOST, id="lost-node"),
+        pytest.param(
+            status(
+                R.FAILED,
+                error_type="JOB_SUPERVISOR_ACTOR_START_FAILURE",
+                message="Unexpected error occurred: failed to get job supervisor.",
+            ),
+            Reason.NODE_LOST,
+            J.INTERRUPTED,
+            A.LOST,
+            id="supervisor-gone-with-its-node",
+        ),
         pytest.param(status(R.STOPPED), Reason.CANCELLED, J.CANCELLED, A.STOPPED, id="stopped"),
     ],
 )

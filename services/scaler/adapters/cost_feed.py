@@ -49,5 +49,5 @@ class JetStreamCostFeed:
                 try:
                     add(decode(record.data))
                 except ValueError as error:
-                    # Its consumers dead-lettered it; it bills nothing.
-                    log.warning("cost.event_unreadable", seq=record.seq, error=str(error))
+                    # Its consumers dead-lettered it, and said so; it bills nothing.
+                    log.debug("cost.event_unreadable", seq=record.seq, error=str(error))
