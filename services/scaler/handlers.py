@@ -26,6 +26,7 @@ from services.scaler.ports import (
 )
 from shared.clock import Clock
 from shared.cost import CostFold, attributed, on_demand_counterpart
+from shared.cost.attribution import SettledMemo
 from shared.events import Event, EventData, new_event
 from shared.events.data import (
     JobCancelled,
@@ -70,6 +71,8 @@ class Deps:
     """Cost events read since the last cost pass, which folds them."""
     costs: CostFold = field(default_factory=CostFold)
     """Every cost event folded so far; touched only by the cost pass, off the event loop."""
+    settled_costs: SettledMemo = field(default_factory=dict)
+    """The attribution of nodes that ended, kept from pass to pass (same thread)."""
 
 
 async def on_job_queued(event: Event[JobQueued], deps: Deps) -> None:
@@ -257,7 +260,8 @@ async def measure_costs(deps: Deps) -> None:
     def attribute() -> metrics.Samples:
         for event in arrived:
             deps.costs.add(event)
-        return metrics.cost_samples(attributed(deps.costs.inputs({}), now=now))
+        inputs = deps.costs.inputs({})
+        return metrics.cost_samples(attributed(inputs, now=now, settled=deps.settled_costs))
 
     metrics.COSTS.replace(await asyncio.to_thread(attribute))
 

@@ -125,12 +125,26 @@ def seconds(delta: timedelta) -> Fraction:
     return Fraction(delta // _MICROSECOND, 1_000_000)
 
 
+NodeAttribution = tuple[Bill | None, list[Charge]]
+SettledMemo = dict[str, tuple[tuple[NodeLife, tuple[Hold, ...], datetime], NodeAttribution]]
+"""Per node: the inputs of its last attribution once it had ended, and the result."""
+
+
 def attribute(
-    nodes: Iterable[NodeLife], holds: Iterable[Hold], start: datetime, end: datetime
+    nodes: Iterable[NodeLife],
+    holds: Iterable[Hold],
+    start: datetime,
+    end: datetime,
+    *,
+    settled: SettledMemo | None = None,
 ) -> Attribution:
     """Attribute every node-second in `[start, end)` once: to holds by share, else to idle.
 
-    No side effects. `end` is "now" for a running node or attempt.
+    No side effects but on `settled`. `end` is "now" for a running node or attempt. A
+    caller that attributes again and again as `end` moves on (the scaler's metrics) passes
+    the same `settled` each time: a node that ended by `end` is attributed the same for
+    every later `end`, so it is worked out again only when its life, its holds or `start`
+    change.
     """
     by_node: dict[str, list[Hold]] = defaultdict(list)
     for hold in holds:
@@ -140,7 +154,16 @@ def attribute(
     known: set[str] = set()
     for node in nodes:
         known.add(node.node)
-        bill, node_charges = _attribute_node(node, by_node.get(node.node, []), start, end)
+        node_holds = by_node.get(node.node, [])
+        if settled is not None and node.end is not None and node.end <= end:
+            key = (node, tuple(node_holds), start)
+            remembered = settled.get(node.node)
+            if remembered is None or remembered[0] != key:
+                remembered = key, _attribute_node(node, node_holds, start, end)
+                settled[node.node] = remembered
+            bill, node_charges = remembered[1]
+        else:
+            bill, node_charges = _attribute_node(node, node_holds, start, end)
         if bill is not None:
             bills.append(bill)
             charges += node_charges
@@ -165,7 +188,7 @@ class _Clipped:
 
 def _attribute_node(
     node: NodeLife, holds: Sequence[Hold], start: datetime, end: datetime
-) -> tuple[Bill | None, list[Charge]]:
+) -> NodeAttribution:
     lo = max(node.start, start)
     hi = min(node.end or end, end)
     if hi <= lo:

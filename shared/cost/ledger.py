@@ -26,7 +26,7 @@ from datetime import datetime
 from fractions import Fraction
 from typing import Any
 
-from shared.cost.attribution import ZERO, Attribution, Hold, NodeLife, attribute
+from shared.cost.attribution import ZERO, Attribution, Hold, NodeLife, SettledMemo, attribute
 from shared.cost.pricing import PoolPrice
 from shared.events import Event, EventData
 from shared.events.data import (
@@ -99,13 +99,20 @@ def ledger(
     return attributed(fold(events, prices=prices or {}), now=now, since=since)
 
 
-def attributed(inputs: CostInputs, *, now: datetime, since: datetime | None = None) -> Ledger:
-    """Attribute folded inputs over `[since, now)` (all of time by default)."""
+def attributed(
+    inputs: CostInputs,
+    *,
+    now: datetime,
+    since: datetime | None = None,
+    settled: SettledMemo | None = None,
+) -> Ledger:
+    """Attribute folded inputs over `[since, now)` (all of time by default); `settled` as
+    `attribute` takes it, for a caller that attributes again and again."""
     earliest = min((n.start for n in inputs.nodes), default=now)
     start = min(since if since is not None else earliest, now)
     return Ledger(
         inputs=inputs,
-        attribution=attribute(inputs.nodes, inputs.holds, start, now),
+        attribution=attribute(inputs.nodes, inputs.holds, start, now, settled=settled),
         start=start,
         end=now,
     )

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.cost.attribution import Attribution, Hold, NodeLife, attribute, exact
+from shared.cost.attribution import Attribution, Hold, NodeLife, SettledMemo, attribute, exact
 from shared.events.types import CapacityClass
 from tests.events import NOW
 
@@ -294,3 +294,22 @@ def test_an_attempt_is_charged_only_for_time_its_node_existed(
         assert charge.node_seconds <= overlap
     assert {h.node for h in result.unbilled} == {h.node for h in holds} - lives.keys()
     assert {c.node for c in result.charges} <= lives.keys()
+
+
+@settings(max_examples=150, deadline=None)
+@given(scenarios(), st.lists(st.integers(0, 600), min_size=1, max_size=4))
+def test_remembering_settled_nodes_changes_no_figure(
+    scenario: tuple[list[NodeLife], list[Hold], int, int], steps: list[int]
+) -> None:
+    """Attributed again and again as now moves on (the scaler's metrics), with what it
+    remembers of ended nodes: the same result as attributing from scratch each time."""
+    nodes, holds, lo, hi = scenario
+    settled: SettledMemo = {}
+    now = hi
+    for step in steps:
+        now += step
+        start, end = window(lo, now)
+        remembered = attribute(nodes, holds, start, end, settled=settled)
+        assert remembered == attribute(nodes, holds, start, end)
+    ended = {n.node for n in nodes if n.end is not None and n.end <= window(lo, now)[1]}
+    assert settled.keys() <= ended
