@@ -40,7 +40,7 @@ async def bootstrap(bus: EventBus, stack: AsyncExitStack) -> ServiceDefinition:
         clock=SystemClock(),
         pools=settings.pools(),
         config=settings.policy_config(),
-        provider=_provider(settings),
+        provider=_provider(settings, stack),
         observer=RayClusterObserver(settings.ray_gcs_address),
         demand=bucket,
         status=bucket,
@@ -69,7 +69,7 @@ async def bootstrap(bus: EventBus, stack: AsyncExitStack) -> ServiceDefinition:
     )
 
 
-def _provider(settings: ScalerSettings) -> PoolProvider:
+def _provider(settings: ScalerSettings, stack: AsyncExitStack) -> PoolProvider:
     if settings.provider == "gke":
         # Imported here: the Google and Kubernetes clients come with the `cloud` extra only.
         from services.scaler.adapters.gke import (  # noqa: PLC0415
@@ -93,6 +93,21 @@ def _provider(settings: ScalerSettings) -> PoolProvider:
             node_pools=settings.gke_node_pools,
             directory=KubernetesNodeDirectory(),
             clock=SystemClock(),
+        )
+    if settings.provider == "kuberay":
+        # Imported here: the Kubernetes client comes with the `cloud` extra only.
+        from services.scaler.adapters.kuberay import (  # noqa: PLC0415
+            KubeRayPoolProvider,
+            connect_kubernetes,
+        )
+
+        # ScalerSettings refuses the kuberay provider without these.
+        assert settings.kuberay_cluster is not None
+        assert settings.kuberay_namespace is not None
+        api = connect_kubernetes(settings.kuberay_api_endpoint)
+        stack.callback(api.close)
+        return KubeRayPoolProvider(
+            api=api, cluster=settings.kuberay_cluster, namespace=settings.kuberay_namespace
         )
     local = LocalStackSettings(home=settings.local_home)
     return LocalPoolProvider(

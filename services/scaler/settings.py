@@ -30,7 +30,7 @@ class ScalerSettings(RuntimeSettings):
     cost_meter_interval_s: float = Field(10.0, gt=0)
     """The pause between two attributions of the cost-accrued metrics (each attributes all
     history: ~0.5 s per thousand jobs, off the event loop)."""
-    provider: str = Field("local", pattern="^(local|gke)$")
+    provider: str = Field("local", pattern="^(local|gke|kuberay)$")
     gke_project: str | None = None
     gke_location: str | None = None
     """The cluster's region (regional cluster) or zone (zonal cluster)."""
@@ -39,6 +39,13 @@ class ScalerSettings(RuntimeSettings):
     """Spotrain pool name → GKE node pool name, as JSON in the environment."""
     gke_api_endpoint: str | None = None
     """Another GKE API endpoint (a local fake); an `http://` one is called without credentials."""
+    kuberay_cluster: str | None = None
+    """The RayCluster whose worker groups are the pools (the kuberay provider)."""
+    kuberay_namespace: str | None = None
+    """The RayCluster's namespace, where its worker pods run too."""
+    kuberay_api_endpoint: str | None = None
+    """Another Kubernetes API server (a local fake), called as is, without credentials;
+    else the cluster this runs in, else ~/.kube/config."""
     ray_gcs_address: str = Field(
         "127.0.0.1:6380",
         validation_alias=AliasChoices(
@@ -51,16 +58,19 @@ class ScalerSettings(RuntimeSettings):
     )
 
     @model_validator(mode="after")
-    def _gke_is_complete(self) -> ScalerSettings:
-        if self.provider == "gke":
-            missing = [
-                f"SPOTRAIN_SCALER_{name.upper()}"
-                for name in ("gke_project", "gke_location", "gke_cluster", "gke_node_pools")
-                if not getattr(self, name)
-            ]
-            if missing:
-                msg = f"the gke provider needs {', '.join(missing)}"
-                raise ValueError(msg)
+    def _provider_is_complete(self) -> ScalerSettings:
+        needs = {
+            "gke": ("gke_project", "gke_location", "gke_cluster", "gke_node_pools"),
+            "kuberay": ("kuberay_cluster", "kuberay_namespace"),
+        }
+        missing = [
+            f"SPOTRAIN_SCALER_{name.upper()}"
+            for name in needs.get(self.provider, ())
+            if not getattr(self, name)
+        ]
+        if missing:
+            msg = f"the {self.provider} provider needs {', '.join(missing)}"
+            raise ValueError(msg)
         return self
 
     def pools(self) -> list[PoolSpec]:

@@ -481,7 +481,8 @@ def test_rbac_gke_provider(minimal: list[Manifest]) -> None:
 
 
 def test_rbac_kuberay_provider_patches_only_this_raycluster(kuberay: list[Manifest]) -> None:
-    """Only with the kuberay provider may the scaler patch a RayCluster: this release's one."""
+    """Only with the kuberay provider may the scaler patch a RayCluster: this release's one;
+    it lists pods (its workers), and writes none."""
     assert _rules(kuberay, "Role") == {
         "spotrain-scaler-raycluster": [
             {
@@ -489,13 +490,27 @@ def test_rbac_kuberay_provider_patches_only_this_raycluster(kuberay: list[Manife
                 "resources": ["rayclusters"],
                 "resourceNames": [RELEASE],
                 "verbs": ["get", "patch"],
-            }
+            },
+            {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
         ]
     }
     assert set(_rules(kuberay, "ClusterRole")) == {"spotrain-preemption-watcher-nodes"}
     assert _bound(kuberay)["spotrain-scaler"] == {"spotrain-scaler-raycluster"}
     (cluster,) = kinds(kuberay, "RayCluster")
     assert cluster["metadata"]["name"] == RELEASE
+
+
+def test_kuberay_scaler_is_pointed_at_this_releases_raycluster(kuberay: list[Manifest]) -> None:
+    """The RayCluster the scaler patches is the one the chart renders, in its namespace."""
+    (container,) = named(kuberay, "Deployment", "spotrain-scaler")["spec"]["template"]["spec"][
+        "containers"
+    ]
+    env = env_of(container)
+    (cluster,) = kinds(kuberay, "RayCluster")
+    assert env["SPOTRAIN_SCALER_PROVIDER"] == "kuberay"
+    assert env["SPOTRAIN_SCALER_KUBERAY_CLUSTER"] == cluster["metadata"]["name"]
+    assert env["SPOTRAIN_SCALER_KUBERAY_NAMESPACE"] == NAMESPACE
+    assert not [name for name in env if name.startswith("SPOTRAIN_SCALER_GKE_")]
 
 
 def test_watcher_without_k8s_source_gets_no_rbac_and_no_token(helm: Helm) -> None:
@@ -511,7 +526,7 @@ def test_watcher_without_k8s_source_gets_no_rbac_and_no_token(helm: Helm) -> Non
     assert watcher["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
 
 
-@pytest.mark.parametrize("render", ["minimal", "gke"])
+@pytest.mark.parametrize("render", ["minimal", "gke", "kuberay"])
 def test_only_pods_that_call_the_kubernetes_api_get_a_token(
     render: str, request: pytest.FixtureRequest
 ) -> None:
@@ -543,7 +558,7 @@ def test_every_env_var_is_a_setting_the_process_reads(
         assert not unknown, (where, unknown)
 
 
-@pytest.mark.parametrize("render", ["minimal", "gke"])
+@pytest.mark.parametrize("render", ["minimal", "gke", "kuberay"])
 def test_every_process_starts_with_its_rendered_settings(
     render: str,
     request: pytest.FixtureRequest,
