@@ -220,7 +220,7 @@ def serve_fake_kubernetes(kube: FakeKubernetes) -> Iterator[FakeKubernetes]:
             received = Received(url.path, query, self.headers.get("Authorization"))
             kube.requests.append(received)
             if url.path != NODES_PATH:
-                self._send_json(404, _status(404, "NotFound", f"no such path {url.path}"))
+                self._send_json(404, status_body(404, "NotFound", f"no such path {url.path}"))
             elif received.is_watch:
                 timeout = query.get("timeoutSeconds")
                 self._stream(kube.watch(query.get("resourceVersion"), _seconds(timeout)))
@@ -273,7 +273,8 @@ def _seconds(value: str | None) -> float | None:
     return None if value is None else float(value)
 
 
-def _status(code: int, reason: str, message: str) -> Json:
+def status_body(code: int, reason: str, message: str) -> Json:
+    """A Kubernetes `Status` object, as the API server answers a failed request."""
     return {
         "kind": "Status",
         "apiVersion": "v1",

@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from tests.fakes.k8s_server import status_body
+
 Json = dict[str, Any]
 MERGE_PATCH = "application/merge-patch+json"
 DATA = Path(__file__).parents[1] / "data" / "kuberay"
@@ -141,7 +143,7 @@ class FakeKubeRay:
             self.requests.append(received)
             code = self.fail_next.pop(0) if self.fail_next else 0
             if code:
-                return code, _status(code, "InternalError", "injected failure")
+                return code, status_body(code, "InternalError", "injected failure")
             parts = received.path.strip("/").split("/")
             pods_path = ["api", "v1", "namespaces", self.namespace, "pods"]
             clusters_path = ["apis", "ray.io", "v1", "namespaces", self.namespace, "rayclusters"]
@@ -149,7 +151,7 @@ class FakeKubeRay:
                 return 200, self._pod_list(received.query.get("labelSelector", ""))
             if parts[:-1] == clusters_path:
                 return self._cluster_call(received, parts[-1])
-            return 404, _status(404, "NotFound", f"no such path {received.path}")
+            return 404, status_body(404, "NotFound", f"no such path {received.path}")
 
     def _pod_list(self, selector: str) -> Json:
         wanted = dict(term.split("=", 1) for term in selector.split(",") if term)
@@ -167,14 +169,14 @@ class FakeKubeRay:
 
     def _cluster_call(self, received: Received, name: str) -> tuple[int, Json]:
         if name not in self.clusters:
-            return 404, _status(404, "NotFound", f'rayclusters.ray.io "{name}" not found')
+            return 404, status_body(404, "NotFound", f'rayclusters.ray.io "{name}" not found')
         if received.method == "GET":
             return 200, copy.deepcopy(self.clusters[name])
         if received.method != "PATCH":
-            return 405, _status(405, "MethodNotAllowed", received.method)
+            return 405, status_body(405, "MethodNotAllowed", received.method)
         if received.content_type != MERGE_PATCH:
             # What the API server says to a strategic merge patch of a custom resource.
-            return 415, _status(
+            return 415, status_body(
                 415,
                 "UnsupportedMediaType",
                 f"the body of the request was in an unknown "
@@ -185,7 +187,7 @@ class FakeKubeRay:
         current = self.clusters[name]
         asked = (patch.get("metadata") or {}).get("resourceVersion")
         if asked is not None and asked != current["metadata"]["resourceVersion"]:
-            return 409, _status(
+            return 409, status_body(
                 409,
                 "Conflict",
                 f'Operation cannot be fulfilled on rayclusters.ray.io "{name}": the object '
@@ -230,18 +232,6 @@ def _merge(target: Any, patch: Any) -> Any:
 
 def _stamp(at: datetime) -> str:
     return at.strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def _status(code: int, reason: str, message: str) -> Json:
-    return {
-        "kind": "Status",
-        "apiVersion": "v1",
-        "metadata": {},
-        "status": "Failure",
-        "message": message,
-        "reason": reason,
-        "code": code,
-    }
 
 
 @contextmanager
