@@ -188,20 +188,27 @@ async def test_the_cluster_missing_is_an_os_error(api: ApiClient) -> None:
         await provider.launch(SPOT, 1)
 
 
-async def test_one_reconcile_pass_announces_the_workers_as_nodes(
-    provider: KubeRayPoolProvider, clock: FixedClock
-) -> None:
-    bus = InMemoryBus()
-    deps = Deps(
+def scaler_deps(
+    bus: InMemoryBus, provider: KubeRayPoolProvider, clock: FixedClock, *, settle_s: float
+) -> Deps:
+    """The scaler with this provider, no Ray (nothing registers) and in-memory stores."""
+    return Deps(
         bus=bus,
         clock=clock,
         pools=(SPOT, CPU),
-        config=ScalerConfig(budget_per_hour_usd=10, idle_timeout_s=600, settle_s=60),
+        config=ScalerConfig(budget_per_hour_usd=10, idle_timeout_s=600, settle_s=settle_s),
         provider=provider,
         observer=NoRay(),
         demand=InMemoryDemandStore(),
         status=RecordingStatusBoard(),
     )
+
+
+async def test_one_reconcile_pass_announces_the_workers_as_nodes(
+    provider: KubeRayPoolProvider, clock: FixedClock
+) -> None:
+    bus = InMemoryBus()
+    deps = scaler_deps(bus, provider, clock, settle_s=60)
     await reconcile(deps)
     events = [decode(m.data).data for m in bus.messages]
     launched = sorted((e.node, e.pool) for e in events if isinstance(e, NodeLaunched))
@@ -239,16 +246,7 @@ async def test_a_reconcile_pass_grows_the_worker_group_for_queued_work(
     provider: KubeRayPoolProvider, kube: FakeKubeRay, clock: FixedClock
 ) -> None:
     bus = InMemoryBus()
-    deps = Deps(
-        bus=bus,
-        clock=clock,
-        pools=(SPOT, CPU),
-        config=ScalerConfig(budget_per_hour_usd=10, idle_timeout_s=600, settle_s=0),
-        provider=provider,
-        observer=NoRay(),
-        demand=InMemoryDemandStore(),
-        status=RecordingStatusBoard(),
-    )
+    deps = scaler_deps(bus, provider, clock, settle_s=0)
     queued = JobQueued(
         job_id="job-1",
         attempt=1,
