@@ -54,6 +54,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/scaler.py
 	$(BIN)/python bench/scaler_trace.py
 	$(BIN)/python bench/cost_meter.py
+	$(BIN)/python bench/deadline.py
 
 clean:
 	rm -rf $(VENV) .tools .mypy_cache .ruff_cache .pytest_cache .hypothesis

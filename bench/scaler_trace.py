@@ -11,7 +11,13 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from services.scaler.simulate import load_pools, parser, print_table, run_policies, write_plots
+from services.scaler.simulation.replay import (
+    load_pools,
+    parser,
+    print_table,
+    run_policies,
+    write_plots,
+)
 
 PHILLY = Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "philly.csv"
 

@@ -251,7 +251,7 @@ def what_if(
         command = [
             sys.executable,
             "-m",
-            "services.scaler.whatif",
+            "services.scaler.simulation.whatif",
             "--events",
             str(recorded),
             "--pools",

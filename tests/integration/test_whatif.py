@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from services.scaler.simulate import load_pools
-from services.scaler.whatif import compare
+from services.scaler.simulation.replay import load_pools
+from services.scaler.simulation.whatif import compare
 from shared.events import Event, new_event
 from shared.events.data import (
     EventData,

@@ -86,3 +86,57 @@ def test_simulate_says_which_file_is_missing() -> None:
     assert result.returncode == 2
     assert "no-such-trace.csv" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def _spot_trace(folder: Path, data: list[int], gap_s: int = 600) -> Path:
+    path = folder / "us-west-2a_v100_1.json"
+    path.write_text(json.dumps({"metadata": {"gap_seconds": gap_s}, "data": data}))
+    return path
+
+
+def test_simulate_deadline_prints_each_policy_as_json(tmp_path: Path) -> None:
+    """The head-to-head of the paper: one line of JSON, a list of {policy, cost, met}."""
+    trace = _spot_trace(tmp_path, [1, 1, 0, 0, 1, 1, 1, 0] * 6)
+    result = spotrain(
+        "simulate", "deadline", "--spot-trace", str(trace), "--hours", "2", "--deadline", "4",
+        "--start-tick", "3", "--policy", "spotrain,uniform-progress,on-demand,optimal", "--json",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    outcomes = json.loads(result.stdout)
+    assert [o["policy"] for o in outcomes] == ["spotrain", "uniform-progress", "on-demand",
+                                               "optimal"]  # fmt: skip
+    assert all(o["met_deadline"] for o in outcomes)
+    cost = {o["policy"]: o["cost_od_hours"] for o in outcomes}
+    assert cost["on-demand"] == pytest.approx(2.2)  # the work and one start, all on-demand
+    assert cost["optimal"] <= min(cost.values())
+
+
+@pytest.mark.parametrize(
+    ("content", "args", "says"),
+    [
+        pytest.param("[1, 0]", (), "expected an object", id="not-the-documented-json"),
+        pytest.param("{nope", (), "not JSON", id="not-json"),
+        pytest.param(
+            '{"metadata": {"gap_seconds": 600}, "data": [1, -1]}', (), "data[1]", id="bad-count"
+        ),
+        pytest.param(None, ("--start-tick", "99"), "past the end", id="offset-past-the-end"),
+        pytest.param(None, ("--deadline", "1.5"), "shorter than the work", id="deadline-too-short"),
+        pytest.param(None, ("--deadline", "40"), "less than the deadline", id="trace-too-short"),
+        pytest.param(None, ("--policy", "cheapest"), "unknown policy", id="unknown-policy"),
+        pytest.param(None, ("--hours", "two"), "invalid float", id="not-a-number"),
+    ],
+)
+def test_simulate_deadline_refuses_bad_input_in_one_line(
+    tmp_path: Path, content: str | None, args: tuple[str, ...], says: str
+) -> None:
+    trace = _spot_trace(tmp_path, [1, 0] * 20)
+    if content is not None:
+        trace.write_text(content)
+    defaults = {"--hours": "2", "--deadline": "4"}
+    given = dict(zip(args[::2], args[1::2], strict=True))
+    options = [part for key, value in (defaults | given).items() for part in (key, value)]
+    result = spotrain("simulate", "deadline", "--spot-trace", str(trace), *options)
+    assert result.returncode == 2
+    assert says in result.stderr
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert result.stdout == ""

@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 
 from services.scaler.model import PoolSpec, ScalerConfig
-from services.scaler.simulate import TraceJob, load_pools
-from services.scaler.whatif import (
+from services.scaler.simulation.replay import load_pools
+from services.scaler.simulation.traces import TraceJob
+from services.scaler.simulation.whatif import (
     as_trace,
     compare,
     event_window,

@@ -8,16 +8,9 @@ from pathlib import Path
 import pytest
 
 from services.scaler.model import PoolSpec, ScalerConfig
-from services.scaler.sim_policies import ClusterState, Decision
-from services.scaler.simulate import (
-    Simulation,
-    TraceJob,
-    load_pools,
-    main,
-    read_trace,
-    simulate,
-    split_bundles,
-)
+from services.scaler.simulation.cluster import ClusterState, Decision
+from services.scaler.simulation.replay import Simulation, load_pools, main, simulate, split_bundles
+from services.scaler.simulation.traces import TraceJob, read_trace
 from shared.events.types import CapacityClass
 
 CONFIG = ScalerConfig(budget_per_hour_usd=1e6, idle_timeout_s=300.0, max_launch_per_pool=100)

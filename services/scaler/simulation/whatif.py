@@ -3,7 +3,7 @@ queued bundles, when it was queued, how long its attempts ran) replayed through 
 simulator (`simulate.simulate`, our policy) on another pools file, against what really
 happened: the nodes billed in the window (`shared.cost`) and the queued → started waits.
 
-    python -m services.scaler.whatif --events window.jsonl --pools FILE \\
+    python -m services.scaler.simulation.whatif --events window.jsonl --pools FILE \\
         --since ISO --until ISO [--json]
 
 `spotrain events what-if` reads the window from the bus and runs this; it also reads an
@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from services.scaler.model import PoolSpec, ScalerConfig
-from services.scaler.simulate import Result, TraceJob, load_pools, simulate, split_bundles
+from services.scaler.simulation.replay import Result, load_pools, simulate, split_bundles
+from services.scaler.simulation.traces import TraceJob
 from shared.cost import ledger
 from shared.events import Event
 from shared.events.data import (

@@ -2,13 +2,12 @@
 sized by a scaling policy (ours, `policy.plan`, unchanged; or a baseline), and reports cost,
 utilisation and queue wait. No NATS, no Ray processes, no clock: deterministic given a seed.
 
-    python -m services.scaler.simulate --trace philly.csv --policy spotrain,ray [--json]
+    python -m services.scaler.simulation.replay --trace philly.csv --policy spotrain,ray [--json]
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
 import heapq
 import json
 import math
@@ -24,17 +23,15 @@ from typing import Any
 from pydantic import TypeAdapter
 
 from services.scaler.model import PoolSpec, ScalerConfig
-from services.scaler.sim_policies import (
+from services.scaler.simulation.baselines import Naive, RayAutoscaler, Spotrain, Static
+from services.scaler.simulation.cluster import (
     CPUS_PER_GPU,
     ClusterState,
-    Naive,
-    RayAutoscaler,
     SimJob,
     SimNode,
     SimPolicy,
-    Spotrain,
-    Static,
 )
+from services.scaler.simulation.traces import TraceJob, read_trace
 from shared.events.types import CapacityClass
 
 POLICIES = ("spotrain", "naive", "static", "ray")
@@ -109,34 +106,6 @@ autoscaler update (5 s). 5 s gives similar figures and replays the full trace ab
 slower. The 129-day trace is not stepped: a tick happens only when something changed that a
 policy could act on (queued work, a node ready or lost) or a time-based rule falls due (idle
 timeout, settle time, on-demand fallback)."""
-
-
-@dataclass(frozen=True, slots=True)
-class TraceJob:
-    job_id: str
-    arrival_s: float
-    gpus: int
-    duration_s: float
-
-
-def read_trace(path: Path, limit: int | None = None) -> list[TraceJob]:
-    """Jobs from a CSV of the Philly trace's format: job id, arrival s, topology, shape,
-    size (GPUs), duration s; a first line starting with `#` is a header. Sorted by arrival."""
-    jobs = []
-    with path.open(newline="") as f:
-        for row in csv.reader(f):
-            if not row or row[0].lstrip().startswith("#"):
-                continue
-            if len(row) < 6:
-                raise ValueError(f"{path}: expected 6 columns, got {row!r}")
-            try:
-                jobs.append(TraceJob(row[0].strip(), float(row[1]), int(row[4]), float(row[5])))
-            except ValueError:
-                raise ValueError(f"{path}: not a number where one belongs in {row!r}") from None
-            if limit is not None and len(jobs) >= limit:
-                break
-    jobs.sort(key=lambda j: j.arrival_s)
-    return jobs
 
 
 def load_pools(path: Path | None = None) -> tuple[list[PoolSpec], ScalerConfig]:

@@ -1,0 +1,110 @@
+"""The simulated cluster's state as the trace replay keeps it, and what a policy under
+simulation sees and decides at a tick. Plain data: no policy, no clock."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Protocol
+
+from services.scaler.model import Demand, NodeView, PoolSpec, ScalerConfig
+from shared.events.types import Bundle, CapacityClass
+
+EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
+"""Simulated second 0; the policy takes aware datetimes."""
+
+CPUS_PER_GPU = 1.0
+"""A trace gives GPUs only; each bundle asks one CPU per GPU, so CPUs never bind on a pool
+with at least as many CPUs as GPUs (which `simulate.load_pools` checks)."""
+
+
+@dataclass(eq=False, slots=True)
+class SimNode:
+    """One launched node: booting until `ready_s`, then in the cluster until released."""
+
+    name: str
+    pool: PoolSpec
+    launched_s: float
+    ready_s: float
+    ready: bool = False
+    free_gpus: int = 0
+    idle_since_s: float | None = None
+    """When it last became empty (or ready while empty); None while something runs on it."""
+    jobs: dict[int, int] = field(default_factory=dict)
+    """Job index → GPUs that job holds here."""
+    view: NodeView | None = None
+    """The policy's view of it, kept while nothing about it changes."""
+
+
+@dataclass(eq=False, slots=True)
+class SimJob:
+    """One trace job: its bundles, and where its current attempt stands."""
+
+    index: int
+    job_id: str
+    arrival_s: float
+    gpus: int
+    duration_s: float
+    bundles: tuple[int, ...]
+    """GPUs per bundle, largest first; all are placed or none (gang)."""
+    attempt: int = 1
+    queued_s: float = 0.0
+    started_s: float | None = None
+    waited_s: float = 0.0
+    done: bool = False
+    demand: Demand | None = None
+    """The policy's view of this attempt, built once."""
+
+    def to_demand(self) -> Demand:
+        if self.demand is None or self.demand.attempt != self.attempt:
+            # model_construct: the simulator built these values itself, so validating each
+            # of hundreds of thousands of them would only cost time.
+            self.demand = Demand.model_construct(
+                job_id=self.job_id,
+                attempt=self.attempt,
+                bundles=tuple(
+                    Bundle.model_construct(gpus=b, cpus=b * CPUS_PER_GPU, memory_gb=0.0)
+                    for b in self.bundles
+                ),
+                capacity=CapacityClass.ANY,
+                priority=5,
+                queued_at=EPOCH + timedelta(seconds=self.queued_s),
+            )
+        return self.demand
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterState:
+    """What a policy sees at a decision tick: every live node (booting or ready) and every
+    queued job, in queue order."""
+
+    now_s: float
+    pools: Sequence[PoolSpec]
+    config: ScalerConfig
+    nodes: Sequence[SimNode]
+    pending: Sequence[SimJob]
+    idle: Sequence[SimNode]
+    """The ready nodes running nothing, of `nodes`."""
+    sizes: Mapping[str, int]
+    """Nodes per pool, of `nodes`."""
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    launch: dict[str, int] = field(default_factory=dict)
+    """Pool name → nodes to add now."""
+    release: tuple[str, ...] = ()
+    """Names of idle nodes to remove now."""
+
+
+class SimPolicy(Protocol):
+    """A scaling policy under simulation. `decide` may keep bookkeeping between calls (the
+    naive policy remembers which attempts it launched for) but reads no clock."""
+
+    name: str
+    watches_queue: bool
+    """False for a policy that ignores queued work: it is asked only at the start and after
+    a loss, which keeps a replay with a long queue fast."""
+
+    def decide(self, state: ClusterState) -> Decision: ...
