@@ -15,6 +15,8 @@ figure.
 from __future__ import annotations
 
 import argparse
+import multiprocessing
+import os
 import statistics
 import sys
 import time
@@ -37,7 +39,29 @@ def offsets(trace: SpotTrace, deadline_h: float, count: int) -> list[int]:
         return []
     if last < count:
         return list(range(last + 1))
+    if count == 1:
+        return [0]
     return sorted({round(i * last / (count - 1)) for i in range(count)})
+
+
+def _one_trace(
+    job: tuple[Path, Path, int],
+) -> tuple[str, list[dict[str, tuple[float, bool]]]]:
+    """Every case and offset of one trace: per run, each policy's cost and whether it met."""
+    path, root, count = job
+    trace = read_spot_trace(path)
+    family = str(path.parent.relative_to(root))
+    results: list[dict[str, tuple[float, bool]]] = []
+    if max(trace.counts) == 0:
+        return family, results  # never any spot: nothing to compare
+    for work_h, deadline_h in CASES:
+        case = DeadlineJob(work_h, deadline_h, OVERHEAD_H, SPOT_PRICE_RATIO)
+        for start in offsets(trace, deadline_h, count):
+            check(trace, start, case)
+            outcomes = {name: run(name, trace, start, case) for name in POLICIES}
+            results.append({n: (o.cost_od_hours, o.met_deadline) for n, o in outcomes.items()})
+    print(f"  {path.relative_to(root)} done", file=sys.stderr)
+    return family, results
 
 
 def main() -> int:
@@ -50,30 +74,22 @@ def main() -> int:
         print(f"no traces under {args.traces}", file=sys.stderr)
         return 2
     started = time.perf_counter()
-    # (family, policy) -> ratios to optimal; and deadlines met
+    # (family, policy) -> ratios to optimal, and deadlines met; one trace per worker.
     ratios: dict[tuple[str, str], list[float]] = defaultdict(list)
     met: dict[tuple[str, str], list[bool]] = defaultdict(list)
     up_over_od: dict[str, int] = defaultdict(int)
     runs: dict[str, int] = defaultdict(int)
-    for path in files:
-        trace = read_spot_trace(path)
-        if max(trace.counts) == 0:
-            continue
-        family = str(path.parent.relative_to(args.traces))
-        for work_h, deadline_h in CASES:
-            job = DeadlineJob(work_h, deadline_h, OVERHEAD_H, SPOT_PRICE_RATIO)
-            for start in offsets(trace, deadline_h, args.offsets):
-                check(trace, start, job)
-                outcomes = {name: run(name, trace, start, job) for name in POLICIES}
-                best = outcomes["optimal"].cost_od_hours
+    jobs = [(path, args.traces, args.offsets) for path in files]
+    with multiprocessing.Pool(min(len(jobs), os.cpu_count() or 1)) as pool:
+        for family, outcomes_by_run in pool.imap_unordered(_one_trace, jobs):
+            for outcomes in outcomes_by_run:
+                best = outcomes["optimal"][0]
                 runs[family] += 1
-                if outcomes["uniform-progress"].cost_od_hours > outcomes["on-demand"].cost_od_hours:
-                    up_over_od[family] += 1
-                for name, outcome in outcomes.items():
+                up_over_od[family] += outcomes["uniform-progress"][0] > outcomes["on-demand"][0]
+                for name, (cost, deadline_met) in outcomes.items():
                     for key in ((family, name), ("all", name)):
-                        met[key].append(outcome.met_deadline)
-                        ratios[key].append(outcome.cost_od_hours / best)
-        print(f"  {path.relative_to(args.traces)} done", file=sys.stderr)
+                        met[key].append(deadline_met)
+                        ratios[key].append(cost / best)
     families = [*sorted({f for f, _ in ratios if f != "all"}), "all"]
     header = f"{'family':<34}" + "".join(f"{n:>18}" for n in POLICIES)
     print("mean cost ÷ optimal (worst), deadlines met")
