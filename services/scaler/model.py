@@ -32,6 +32,9 @@ class PoolSpec(Frozen):
     boot_time_s: Annotated[float, Field(ge=0)] = 60.0
     min_nodes: Annotated[int, Field(ge=0)] = 0
     max_nodes: Annotated[int, Field(ge=0)] = 10
+    zone: Name | None = None
+    """Where its nodes run. The same shape in several zones is several pools, each with its
+    own market (stock-outs and preemptions differ by zone); a gang stays in one zone."""
 
     @property
     def shape(self) -> Room:

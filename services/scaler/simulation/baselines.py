@@ -10,13 +10,15 @@ from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
-from services.scaler.model import NodeView, PoolSpec, Room
-from services.scaler.policy import plan
+from services.scaler.model import Demand, NodeView, PoolSpec, Room
+from services.scaler.policy import deadline, plan
+from services.scaler.policy.deadline import DeadlineState, Run
 from services.scaler.simulation.cluster import (
     CPUS_PER_GPU,
     EPOCH,
     ClusterState,
     Decision,
+    SimJob,
     SimNode,
 )
 from shared.events.types import CapacityClass
@@ -44,13 +46,93 @@ def idle_expired(state: ClusterState, idle_timeout_s: float) -> list[SimNode]:
     return chosen
 
 
-class Spotrain:
-    """Ours: `services.scaler.policy.plan` on the same views the live scaler builds."""
+JobRule = Callable[[SimJob, ClusterState, bool], Run]
+"""A deadline job's choice at a decision: the job, the cluster, whether spot can be had."""
 
-    name = "spotrain"
+
+def boot_overhead_s(pools: Sequence[PoolSpec]) -> float:
+    """What a start costs a job in the replay: its node's boot, the slowest pool's."""
+    return max((p.boot_time_s for p in pools if p.gpus > 0), default=0.0)
+
+
+def _price_ratio(pools: Sequence[PoolSpec]) -> float:
+    """Spot's price per GPU-hour as a share of on-demand's, the cheapest of each."""
+    per_gpu = {
+        capacity: min(
+            (p.price_per_hour_usd / p.gpus for p in pools if p.gpus and p.capacity is capacity),
+            default=None,
+        )
+        for capacity in (CapacityClass.SPOT, CapacityClass.ON_DEMAND)
+    }
+    spot, on_demand = per_gpu[CapacityClass.SPOT], per_gpu[CapacityClass.ON_DEMAND]
+    if spot is None or not on_demand:
+        return 1.0
+    return min(1.0, max(spot / on_demand, 1e-6))
+
+
+def deadline_rule(job: SimJob, state: ClusterState, spot_available: bool) -> Run:
+    """The platform's deadline policy (`policy.deadline.decide`) for a queued job."""
+    overhead_h = state.restart_overhead_s / 3600
+    assert job.deadline_s is not None
+    decision = deadline.decide(
+        DeadlineState.model_construct(
+            hours_left=(job.deadline_s - state.now_s) / 3600,
+            work_left_h=job.remaining_s / 3600,
+            running=Run.WAIT,
+            overhead_left_h=0.0,
+            restart_overhead_h=overhead_h,
+            decision_interval_h=DECISION_INTERVAL_S / 3600,
+            spot_available=spot_available,
+            spot_price_ratio=_price_ratio(state.pools),
+            outlook=deadline.outlook(deadline.WindowTally(), 0.0, overhead_h),
+        )
+    )
+    return decision.run
+
+
+def uniform_progress_rule(job: SimJob, state: ClusterState, spot_available: bool) -> Run:
+    """The paper's Uniform Progress for a queued job: on-demand once the time left is less
+    than the work left and two restarts; spot when it can be had; on-demand when behind
+    the line from its arrival to its deadline; else wait."""
+    assert job.deadline_s is not None
+    overhead_s = state.restart_overhead_s
+    if job.deadline_s - state.now_s < job.remaining_s + 2 * overhead_s:
+        return Run.ON_DEMAND
+    if spot_available:
+        return Run.SPOT
+    line_s = job.duration_s * (state.now_s - job.arrival_s) / (job.deadline_s - job.arrival_s)
+    return Run.ON_DEMAND if job.saved_s < line_s else Run.WAIT
+
+
+def deadline_wakes(job: SimJob, now_s: float, overhead_s: float) -> list[float]:
+    """When a queued deadline job's choice may change while nothing else happens: its slack
+    down to the deadline policy's reserve, its last chance to wait (two restarts left), and
+    Uniform Progress's line overtaking it."""
+    assert job.deadline_s is not None
+    remaining = job.remaining_s
+    wakes = [
+        job.deadline_s - remaining * (1 + deadline.RESERVE_SHARE) - overhead_s,
+        job.deadline_s - remaining - 2 * overhead_s,
+        job.arrival_s + job.saved_s / job.duration_s * (job.deadline_s - job.arrival_s),
+    ]
+    return [w for w in wakes if w > now_s]
+
+
+DECISION_INTERVAL_S = 10.0
+"""The replay's decision step (`replay.DECISION_INTERVAL_S`)."""
+
+
+class Spotrain:
+    """Ours: `services.scaler.policy.plan` on the same views the live scaler builds, told of
+    the pools that stocked out within the retry time, as the live scaler is. A job with a
+    deadline runs on what its rule says (spot, on-demand, or not yet: then it may take only
+    free spot room); the others are `any` jobs."""
+
     watches_queue = True
 
-    def __init__(self) -> None:
+    def __init__(self, rule: JobRule = deadline_rule, name: str = "spotrain") -> None:
+        self.name = name
+        self.rule = rule
         self._rooms: dict[tuple[str, int], Room] = {}
         """Free room by pool and free GPUs: a node's free room follows from those two."""
 
@@ -58,12 +140,18 @@ class Spotrain:
         views = [
             node.view if node.view is not None else self._view(node, state) for node in state.nodes
         ]
+        retry_s = state.config.capacity_retry_after_s
+        unavailable = frozenset(
+            pool for pool, at_s in state.stocked_out_s.items() if state.now_s - at_s < retry_s
+        )
+        demands, capacity = self._demands(state, unavailable)
         decided = plan(
             state.pools,
             views,
-            [j.to_demand() for j in state.pending],
+            demands,
             state.config,
             EPOCH + timedelta(seconds=state.now_s),
+            unavailable=unavailable,
         )
         remaining = {p.pool: p.current for p in decided.pools}
         name_to_pool = {node.name: node.pool.name for node in state.idle}
@@ -71,7 +159,30 @@ class Spotrain:
             remaining[name_to_pool[name]] -= 1
         launch = {p.pool: p.target - remaining[p.pool] for p in decided.pools}
         launch = {pool: count for pool, count in launch.items() if count > 0}
-        return Decision(launch=launch, release=decided.release)
+        return Decision(launch=launch, release=decided.release, capacity=capacity)
+
+    def _demands(
+        self, state: ClusterState, unavailable: frozenset[str]
+    ) -> tuple[list[Demand], dict[int, CapacityClass]]:
+        """What the policy is asked to place, and the deadline jobs' new capacity classes."""
+        demands = []
+        capacity: dict[int, CapacityClass] = {}
+        spot_gpus = [
+            p.gpus
+            for p in state.pools
+            if p.capacity is CapacityClass.SPOT and p.name not in unavailable
+        ]
+        for job in state.pending:
+            if job.deadline_s is None:
+                demands.append(job.to_demand())
+                continue
+            run = self.rule(job, state, any(g >= job.bundles[0] for g in spot_gpus))
+            chosen = CapacityClass.ON_DEMAND if run is Run.ON_DEMAND else CapacityClass.SPOT
+            if chosen is not job.capacity:
+                capacity[job.index] = chosen
+            if run is not Run.WAIT:
+                demands.append(job.to_demand(chosen))
+        return demands, capacity
 
     def _view(self, node: SimNode, state: ClusterState) -> NodeView:
         """The node as the live scaler sees it now (`policy.node_views`). A busy node past
@@ -102,9 +213,15 @@ class Spotrain:
         return view
 
 
-def smallest_pool_for(bundle_gpus: int, pools: Sequence[PoolSpec]) -> PoolSpec | None:
-    """The cheapest spot pool whose node holds the bundle (on-demand if there is no spot)."""
-    for capacity in (CapacityClass.SPOT, CapacityClass.ON_DEMAND):
+def smallest_pool_for(
+    bundle_gpus: int, pools: Sequence[PoolSpec], *, on_demand: bool = False
+) -> PoolSpec | None:
+    """The cheapest spot pool whose node holds the bundle (on-demand if there is no spot, or
+    if asked)."""
+    order = (
+        (CapacityClass.ON_DEMAND,) if on_demand else (CapacityClass.SPOT, CapacityClass.ON_DEMAND)
+    )
+    for capacity in order:
         fits = [p for p in pools if p.capacity is capacity and p.gpus >= bundle_gpus]
         if fits:
             return min(fits, key=lambda p: (p.price_per_hour_usd, p.name))
@@ -119,16 +236,23 @@ class Naive:
     watches_queue = True
 
     def __init__(self) -> None:
-        self._served: set[tuple[int, int]] = set()
+        self._served: dict[tuple[int, int], float] = {}
+        """Attempts launched for, and when."""
 
     def decide(self, state: ClusterState) -> Decision:
         launch: dict[str, int] = {}
         for job in state.pending:
-            if (job.index, job.attempt) in self._served:
+            served_s = self._served.get((job.index, job.attempt))
+            # Launched for and still waiting past the fallback time (its spot nodes never
+            # came: a stock-out): once more, on on-demand.
+            fallback = served_s is not None and served_s < 0
+            if served_s is not None and (
+                fallback or state.now_s - served_s < state.config.any_fallback_after_s
+            ):
                 continue
-            self._served.add((job.index, job.attempt))
+            self._served[job.index, job.attempt] = -1.0 if served_s is not None else state.now_s
             for bundle in job.bundles:
-                pool = smallest_pool_for(bundle, state.pools)
+                pool = smallest_pool_for(bundle, state.pools, on_demand=served_s is not None)
                 if pool is not None:
                     launch[pool.name] = launch.get(pool.name, 0) + 1
         release = idle_expired(state, state.config.idle_timeout_s)

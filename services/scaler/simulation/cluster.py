@@ -53,11 +53,28 @@ class SimJob:
     started_s: float | None = None
     waited_s: float = 0.0
     done: bool = False
+    deadline_s: float | None = None
+    saved_s: float = 0.0
+    """Work kept by checkpoints from earlier attempts: the next one runs the rest."""
+    finished_s: float | None = None
+    capacity: CapacityClass = CapacityClass.ANY
+    """What its current attempt may run on: a deadline policy may pin it to spot or to
+    on-demand; the placement honours it."""
     demand: Demand | None = None
-    """The policy's view of this attempt, built once."""
+    """The policy's view of this attempt, built once per attempt and capacity."""
 
-    def to_demand(self) -> Demand:
-        if self.demand is None or self.demand.attempt != self.attempt:
+    @property
+    def remaining_s(self) -> float:
+        return self.duration_s - self.saved_s
+
+    def to_demand(self, capacity: CapacityClass | None = None) -> Demand:
+        """Its current attempt as demand, on its capacity class or the one given."""
+        capacity = capacity or self.capacity
+        if (
+            self.demand is None
+            or self.demand.attempt != self.attempt
+            or self.demand.capacity is not capacity
+        ):
             # model_construct: the simulator built these values itself, so validating each
             # of hundreds of thousands of them would only cost time.
             self.demand = Demand.model_construct(
@@ -67,7 +84,7 @@ class SimJob:
                     Bundle.model_construct(gpus=b, cpus=b * CPUS_PER_GPU, memory_gb=0.0)
                     for b in self.bundles
                 ),
-                capacity=CapacityClass.ANY,
+                capacity=capacity,
                 priority=5,
                 queued_at=EPOCH + timedelta(seconds=self.queued_s),
             )
@@ -88,6 +105,12 @@ class ClusterState:
     """The ready nodes running nothing, of `nodes`."""
     sizes: Mapping[str, int]
     """Nodes per pool, of `nodes`."""
+    stocked_out_s: Mapping[str, float] = field(default_factory=dict)
+    """Per pool, when a launch last failed for want of capacity (a spot stock-out)."""
+    taken_back: Mapping[str, int] = field(default_factory=dict)
+    """Per pool, nodes its market took back so far."""
+    restart_overhead_s: float = 0.0
+    """What a start may cost a job: a boot, and the work a loss without notice undoes."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +119,9 @@ class Decision:
     """Pool name → nodes to add now."""
     release: tuple[str, ...] = ()
     """Names of idle nodes to remove now."""
+    capacity: dict[int, CapacityClass] = field(default_factory=dict)
+    """Job index → what its current attempt may run on from now (a deadline policy's
+    choice); jobs not named keep theirs."""
 
 
 class SimPolicy(Protocol):

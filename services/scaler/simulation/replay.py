@@ -15,7 +15,7 @@ import random
 import sys
 import time
 import tomllib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,7 +23,15 @@ from typing import Any
 from pydantic import TypeAdapter
 
 from services.scaler.model import PoolSpec, ScalerConfig
-from services.scaler.simulation.baselines import Naive, RayAutoscaler, Spotrain, Static
+from services.scaler.simulation.baselines import (
+    Naive,
+    RayAutoscaler,
+    Spotrain,
+    Static,
+    boot_overhead_s,
+    deadline_wakes,
+    uniform_progress_rule,
+)
 from services.scaler.simulation.cluster import (
     CPUS_PER_GPU,
     ClusterState,
@@ -31,10 +39,11 @@ from services.scaler.simulation.cluster import (
     SimNode,
     SimPolicy,
 )
-from services.scaler.simulation.traces import TraceJob, read_trace
+from services.scaler.simulation.market import SpotMarket, markets
+from services.scaler.simulation.traces import SpotTrace, TraceJob, read_trace, with_deadlines
 from shared.events.types import CapacityClass
 
-POLICIES = ("spotrain", "naive", "static", "ray")
+POLICIES = ("spotrain", "naive", "static", "ray", "uniform-progress")
 
 # GKE-like A100 pools. Prices are approximate us-central1 list prices, illustrative only:
 # an A100 40GB on a2-highgpu on-demand at about $3.67 per GPU-hour, spot at about 30% of
@@ -166,6 +175,13 @@ class Result:
     lost_gpu_hours: float
     simulated_days: float
     wall_s: float
+    stockouts: int = 0
+    """Launches that failed for want of spot capacity."""
+    deadline_jobs: int = 0
+    deadlines_refused: int = 0
+    """Deadlines not even on-demand from the job's arrival could meet: refused."""
+    deadline_misses: int = 0
+    """Jobs with a deadline that ended after it, or never."""
     series: list[tuple[float, int, int]] = field(default_factory=list, repr=False)
     """(time s, provisioned GPUs, busy GPUs), sampled for the plot."""
 
@@ -180,13 +196,22 @@ def _percentile(values: Sequence[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
 
 
-def _replayable(trace: Sequence[TraceJob], pools: Sequence[PoolSpec]) -> list[SimJob]:
-    """The trace's jobs that the pools could ever hold, as simulated jobs."""
+def _replayable(trace: Sequence[TraceJob], pools: Sequence[PoolSpec]) -> tuple[list[SimJob], int]:
+    """The trace's jobs that the pools could ever hold, as simulated jobs; and how many
+    deadlines were refused, as the platform refuses at submission a deadline that even
+    on-demand from the start (a node's boot, then the run) cannot meet: those jobs run
+    without one."""
     jobs: list[SimJob] = []
+    refused = 0
+    boot_s = boot_overhead_s(pools)
     for job in trace:
         bundles = split_bundles(job.gpus, pools)
         if job.gpus <= 0 or not fits_ever(bundles, pools):
             continue
+        deadline_s = job.deadline_s
+        if deadline_s is not None and deadline_s < job.arrival_s + boot_s + job.duration_s:
+            deadline_s = None
+            refused += 1
         jobs.append(
             SimJob(
                 index=len(jobs),
@@ -196,14 +221,15 @@ def _replayable(trace: Sequence[TraceJob], pools: Sequence[PoolSpec]) -> list[Si
                 duration_s=job.duration_s,
                 bundles=bundles,
                 queued_s=job.arrival_s,
+                deadline_s=deadline_s,
             )
         )
-    return jobs
+    return jobs, refused
 
 
 # Event kinds; at one instant completions free room before boots and losses are handled.
 _DONE, _READY = 0, 1
-_IDLE, _SETTLE, _FALLBACK = 0, 1, 2
+_IDLE, _SETTLE, _FALLBACK, _DEADLINE = 0, 1, 2, 3
 MAX_GPUS_PER_NODE = 16
 
 
@@ -211,7 +237,10 @@ class Simulation:
     """The cluster over time. Jobs run when all their bundles are on ready nodes (best fit,
     queue order with backfill, as Ray places placement groups); nodes cost from launch to
     release; a lost spot node kills every job with a bundle on it, which queues again and
-    starts over (the lost work is counted)."""
+    goes on from its last checkpoint (from the start without checkpoints; all of its work
+    kept when the loss came with the pool's notice); the work lost is counted. A spot pool
+    may follow a market (`market.SpotMarket`): it never holds more nodes than the market's
+    count, a launch past it fails (a stock-out), and a drop takes nodes back."""
 
     def __init__(
         self,
@@ -224,6 +253,9 @@ class Simulation:
         preemption_rate_per_hour: float = 0.0,
         preemption_group: int = 4,
         interval_s: float = DECISION_INTERVAL_S,
+        markets: Mapping[str, tuple[SpotTrace, int]] | None = None,
+        spot_notice: bool = False,
+        checkpoint_every_s: float | None = None,
     ) -> None:
         self.policy = policy
         self.pools = list(pools)
@@ -233,9 +265,10 @@ class Simulation:
         self.rate_per_s = preemption_rate_per_hour / 3600.0
         self.group = max(1, preemption_group)
         self.interval_s = interval_s
-        self.jobs = _replayable(trace, pools)
+        self.jobs, self.deadlines_refused = _replayable(trace, pools)
         self.unschedulable = len(trace) - len(self.jobs)
         self.now_s = self.jobs[0].arrival_s if self.jobs else 0.0
+        self._follow(markets or {}, spot_notice=spot_notice, checkpoint_every_s=checkpoint_every_s)
         self.nodes: dict[str, SimNode] = {}
         self.sizes: dict[str, int] = dict.fromkeys(self.by_name, 0)
         """Nodes per pool, booting ones included."""
@@ -244,8 +277,10 @@ class Simulation:
         node at every decision."""
         self.free: list[dict[str, SimNode]] = [{} for _ in range(MAX_GPUS_PER_NODE + 1)]
         """Ready nodes by free GPUs, for best-fit placement without a scan."""
-        self.queues: dict[tuple[int, ...], list[tuple[float, int]]] = {}
-        """Queued attempts by bundle shape, each a heap of (queued at, job index)."""
+        self.queues: dict[tuple[tuple[int, ...], CapacityClass], list[tuple[float, int]]] = {}
+        """Queued attempts by bundle shape and capacity class, each a heap of (queued at, job
+        index). A job whose class changes is pushed into its new queue; its entry in the old
+        one is stale, and skipped (`_queued`)."""
         self.pending = 0
         self.events: list[tuple[float, int, int, Any]] = []
         self.alarms: list[tuple[float, int, Any]] = []
@@ -276,6 +311,26 @@ class Simulation:
         self.sample_every_s = max(span / 4000.0, 1.0)
         self._seq = 0
 
+    def _follow(
+        self,
+        markets: Mapping[str, tuple[SpotTrace, int]],
+        *,
+        spot_notice: bool,
+        checkpoint_every_s: float | None,
+    ) -> None:
+        """Spot pools that follow a market, and what a loss costs a job."""
+        self.markets = {
+            pool: SpotMarket.of(pool, trace, offset, self.now_s)
+            for pool, (trace, offset) in markets.items()
+        }
+        self.market_changes = {p: m.next_change_s(self.now_s) for p, m in self.markets.items()}
+        """Per market, when its count next changes."""
+        self.spot_notice = spot_notice
+        self.checkpoint_every_s = checkpoint_every_s
+        self.stockouts = 0
+        self.stocked_out_s: dict[str, float] = {}
+        self.taken_back: dict[str, int] = dict.fromkeys(self.markets, 0)
+
     # -- bookkeeping -------------------------------------------------------------------
 
     def _push(self, at_s: float, kind: int, what: Any) -> None:
@@ -290,7 +345,7 @@ class Simulation:
         if kind == _IDLE:
             node, since_s = what
             return node.name in self.nodes and node.idle_since_s == since_s
-        if kind == _FALLBACK:
+        if kind in (_FALLBACK, _DEADLINE):
             job, attempt = what
             return job.attempt == attempt and job.started_s is None and not job.done
         return self.pending > 0  # a settle end matters only to queued work
@@ -329,7 +384,14 @@ class Simulation:
 
     # -- nodes -------------------------------------------------------------------------
 
-    def _launch(self, pool: PoolSpec) -> None:
+    def _launch(self, pool: PoolSpec) -> bool:
+        """Launch a node, unless its market has none to give (a stock-out)."""
+        market = self.markets.get(pool.name)
+        if market is not None and self.sizes[pool.name] >= market.count_at(self.now_s):
+            self.stockouts += 1
+            self.stocked_out_s[pool.name] = self.now_s
+            self.dirty = True  # the live scaler decides again at its next pass, knowing
+            return False
         self._seq += 1
         node = SimNode(
             name=f"{pool.name}-{self._seq}",
@@ -346,6 +408,7 @@ class Simulation:
         self._alarm(self.now_s + self.config.settle_s, _SETTLE, None)
         if pool.capacity is CapacityClass.SPOT:
             self._spot_changed(+1)
+        return True
 
     def _remove(self, node: SimNode) -> None:
         del self.nodes[node.name]
@@ -374,31 +437,50 @@ class Simulation:
         pool = self.rng.choice(spot).pool  # a pool chosen in proportion to its nodes
         members = [n for n in spot if n.pool is pool]
         for node in self.rng.sample(members, min(self.group, len(members))):
-            for index in list(node.jobs):
-                self._kill(self.jobs[index])
-            self._remove(node)
-            self.preempted += 1
+            self._lose(node, notice=False)
         self.force = True
+
+    def _lose(self, node: SimNode, *, notice: bool) -> None:
+        for index in list(node.jobs):
+            self._kill(self.jobs[index], notice=notice)
+        self._remove(node)
+        self.preempted += 1
+
+    def _market_moves(self, at_s: float) -> None:
+        """Each market whose count changed by now: nodes past the count are taken back."""
+        for pool, change_s in self.market_changes.items():
+            if change_s > at_s:
+                continue
+            market = self.markets[pool]
+            self.market_changes[pool] = market.next_change_s(at_s)
+            members = [n for n in self.nodes.values() if n.pool.name == pool]
+            excess = len(members) - market.count_at(at_s)
+            if excess > 0:
+                for node in self.rng.sample(members, excess):
+                    self._lose(node, notice=self.spot_notice)
+                self.taken_back[pool] += excess
+                self.force = True
+            else:
+                self.dirty = True  # room to grow again
 
     # -- jobs --------------------------------------------------------------------------
 
     def _enqueue(self, job: SimJob) -> None:
-        heapq.heappush(self.queues.setdefault(job.bundles, []), (job.queued_s, job.index))
+        key = (job.bundles, job.capacity)
+        heapq.heappush(self.queues.setdefault(key, []), (job.queued_s, job.index))
         self.pending += 1
         self._alarm(job.queued_s + self.config.any_fallback_after_s, _FALLBACK, (job, job.attempt))
+        if job.deadline_s is not None:
+            # A deadline policy's answer changes when the job's slack falls to its reserve
+            # and when only on-demand can still make it: each is a moment to decide.
+            for wake_s in deadline_wakes(job, self.now_s, self._restart_overhead_s()):
+                self._alarm(wake_s, _DEADLINE, (job, job.attempt))
         self.dirty = True
 
     def _try_start(self, job: SimJob) -> bool:
         taken: list[tuple[SimNode, int]] = []
         for bundle in job.bundles:
-            node = next(
-                (
-                    next(iter(bucket.values()))
-                    for bucket in self.free[bundle : MAX_GPUS_PER_NODE + 1]
-                    if bucket
-                ),
-                None,
-            )
+            node = self._free_node(bundle, job.capacity)
             if node is None:
                 for held, gpus in reversed(taken):
                     self._set_free(held, held.free_gpus + gpus)
@@ -411,23 +493,65 @@ class Simulation:
         job.started_s = self.now_s
         job.waited_s += self.now_s - job.queued_s
         self.busy_gpus += job.gpus
-        self._push(self.now_s + job.duration_s, _DONE, (job, job.attempt))
+        self._push(self.now_s + job.remaining_s, _DONE, (job, job.attempt))
         return True
+
+    def _free_node(self, gpus: int, capacity: CapacityClass) -> SimNode | None:
+        """The ready node with the fewest free GPUs that has `gpus` free, of the capacity
+        class the job may use."""
+        for bucket in self.free[gpus : MAX_GPUS_PER_NODE + 1]:
+            if not bucket:
+                continue
+            if capacity is CapacityClass.ANY:
+                return next(iter(bucket.values()))
+            for node in bucket.values():
+                if node.pool.capacity is capacity:
+                    return node
+        return None
 
     def _place(self) -> None:
         """Start queued attempts in queue order; a shape that does not fit is skipped for
         the rest of the pass, so smaller ones behind it may start (backfill)."""
-        heads = [(q[0], shape) for shape, q in self.queues.items() if q]
+        heads = []
+        for key, queue in self.queues.items():
+            self._drop_stale(key, queue)
+            if queue:
+                heads.append((queue[0], key))
         heapq.heapify(heads)
         while heads:
-            (_, index), shape = heapq.heappop(heads)
+            (_, index), key = heapq.heappop(heads)
             if not self._try_start(self.jobs[index]):
                 continue
-            queue = self.queues[shape]
+            queue = self.queues[key]
             heapq.heappop(queue)
             self.pending -= 1
+            self._drop_stale(key, queue)
             if queue:
-                heapq.heappush(heads, (queue[0], shape))
+                heapq.heappush(heads, (queue[0], key))
+
+    def _queued(self, entry: tuple[float, int], key: tuple[tuple[int, ...], CapacityClass]) -> bool:
+        """Whether a queue entry is its job's current one."""
+        job = self.jobs[entry[1]]
+        return (
+            job.started_s is None
+            and not job.done
+            and job.capacity is key[1]
+            and job.queued_s == entry[0]
+        )
+
+    def _drop_stale(
+        self, key: tuple[tuple[int, ...], CapacityClass], queue: list[tuple[float, int]]
+    ) -> None:
+        while queue and not self._queued(queue[0], key):
+            heapq.heappop(queue)
+
+    def _pin(self, job: SimJob, capacity: CapacityClass) -> None:
+        """A queued job may from now run only on this capacity class."""
+        if job.capacity is capacity or job.started_s is not None or job.done:
+            return
+        job.capacity = capacity
+        key = (job.bundles, capacity)
+        heapq.heappush(self.queues.setdefault(key, []), (job.queued_s, job.index))
 
     def _release_job(self, job: SimJob) -> None:
         for node in self.held.pop(job.index, []):
@@ -441,11 +565,20 @@ class Simulation:
             return  # an attempt that was killed
         self._release_job(job)
         job.done = True
+        job.finished_s = self.now_s
         self.dirty = True
 
-    def _kill(self, job: SimJob) -> None:
+    def _kill(self, job: SimJob, *, notice: bool) -> None:
         assert job.started_s is not None
-        self.lost_gpu_s += (self.now_s - job.started_s) * job.gpus
+        ran_s = self.now_s - job.started_s
+        if notice:
+            kept_s = ran_s  # checkpointed on the notice
+        elif self.checkpoint_every_s:
+            kept_s = math.floor(ran_s / self.checkpoint_every_s) * self.checkpoint_every_s
+        else:
+            kept_s = 0.0
+        job.saved_s += kept_s
+        self.lost_gpu_s += (ran_s - kept_s) * job.gpus
         self._release_job(job)
         job.attempt += 1
         job.started_s = None
@@ -455,8 +588,14 @@ class Simulation:
 
     # -- the loop ----------------------------------------------------------------------
 
+    def _restart_overhead_s(self) -> float:
+        """What a start may cost a job: a node's boot, and, when a loss comes without
+        notice, the work since its last checkpoint (an interval at most)."""
+        lost_s = 0.0 if self.spot_notice else (self.checkpoint_every_s or 0.0)
+        return boot_overhead_s(self.pools) + lost_s
+
     def _pending_jobs(self) -> list[SimJob]:
-        entries = sorted(e for q in self.queues.values() for e in q)
+        entries = sorted(e for key, q in self.queues.items() for e in q if self._queued(e, key))
         return [self.jobs[i] for _, i in entries]
 
     def _decide(self) -> None:
@@ -470,8 +609,13 @@ class Simulation:
             idle=list(self.idle.values()),
             sizes=dict(self.sizes),
             pending=self._pending_jobs(),
+            stocked_out_s=dict(self.stocked_out_s),
+            taken_back=dict(self.taken_back),
+            restart_overhead_s=self._restart_overhead_s(),
         )
         decision = self.policy.decide(state)
+        for index, capacity in decision.capacity.items():
+            self._pin(self.jobs[index], capacity)
         for name in decision.release:
             node = self.nodes.get(name)
             if node is not None and node.ready and not node.jobs:
@@ -480,7 +624,8 @@ class Simulation:
             pool = self.by_name[pool_name]
             have = self.sizes[pool.name]
             for _ in range(max(0, min(count, pool.max_nodes - have))):
-                self._launch(pool)
+                if not self._launch(pool):
+                    break
 
     def _next_decision_s(self) -> float:
         if not self.policy.watches_queue:
@@ -500,13 +645,20 @@ class Simulation:
         arrivals = 0
         done = 0
         total = len(self.jobs)
+        # A job a policy never gets placed (a market that never has room for it) would keep
+        # a market-driven replay going for ever: it stops a week past when the last job
+        # would have ended twice over, and what is left counts as unfinished.
+        horizon_s = max((j.arrival_s + 2 * j.duration_s for j in self.jobs), default=0.0)
+        horizon_s += 7 * 86400
         while True:
-            unfinished = done < total
+            unfinished = done < total and (not self.markets or self.now_s < horizon_s)
             next_arrival = self.jobs[arrivals].arrival_s if arrivals < total else math.inf
             next_event = self.events[0][0] if self.events else math.inf
             next_decision = self._next_decision_s()
             next_loss = self.next_preempt_s if unfinished else math.inf
-            at_s = min(next_arrival, next_event, next_decision, next_loss)
+            next_move = min(self.market_changes.values(), default=math.inf)
+            at_s = min(next_arrival, next_event, next_decision, next_loss,
+                       next_move if unfinished else math.inf)  # fmt: skip
             if at_s == math.inf:
                 break
             self._advance(at_s)
@@ -522,6 +674,8 @@ class Simulation:
                     done += job.done and not before
                 elif kind == _READY:
                     self._ready(what)
+            if next_move <= at_s:
+                self._market_moves(at_s)
             if next_loss <= at_s:
                 self._preempt()
                 if self.next_preempt_s <= at_s:  # no count change redrew it
@@ -568,6 +722,15 @@ class Simulation:
             lost_gpu_hours=round(self.lost_gpu_s / 3600, 2),
             simulated_days=round((self.now_s - start) / 86400, 2),
             wall_s=round(wall_s, 2),
+            stockouts=self.stockouts,
+            deadline_jobs=sum(1 for j in self.jobs if j.deadline_s is not None),
+            deadlines_refused=self.deadlines_refused,
+            deadline_misses=sum(
+                1
+                for j in self.jobs
+                if j.deadline_s is not None
+                and (j.finished_s is None or j.finished_s > j.deadline_s + 1e-6)
+            ),
             series=self.series,
         )
 
@@ -575,6 +738,8 @@ class Simulation:
 def make_policy(name: str, trace: Sequence[TraceJob], pools: Sequence[PoolSpec]) -> SimPolicy:
     if name == "spotrain":
         return Spotrain()
+    if name == "uniform-progress":
+        return Spotrain(uniform_progress_rule, name="uniform-progress")
     if name == "naive":
         return Naive()
     if name == "ray":
@@ -598,6 +763,9 @@ def simulate(
     preemption_rate_per_hour: float = 0.0,
     preemption_group: int = 4,
     interval_s: float = DECISION_INTERVAL_S,
+    markets: Mapping[str, tuple[SpotTrace, int]] | None = None,
+    spot_notice: bool = False,
+    checkpoint_every_s: float | None = None,
 ) -> Result:
     """Replay the trace under one policy and return its figures."""
     started = time.perf_counter()
@@ -610,6 +778,9 @@ def simulate(
         preemption_rate_per_hour=preemption_rate_per_hour,
         preemption_group=preemption_group,
         interval_s=interval_s,
+        markets=markets,
+        spot_notice=spot_notice,
+        checkpoint_every_s=checkpoint_every_s,
     )
     sim.run()
     return sim.result(time.perf_counter() - started)
@@ -634,7 +805,9 @@ def print_table(results: Sequence[Result]) -> None:
             lambda r: "-" if r.saving_vs_on_demand is None else f"{r.saving_vs_on_demand:.1%}",
         ),
         ("preempted", lambda r: f"{r.preempted_nodes:,}"),
+        ("stock-outs", lambda r: f"{r.stockouts:,}"),
         ("lost GPU-h", lambda r: f"{r.lost_gpu_hours:,.0f}"),
+        ("deadlines missed", lambda r: f"{r.deadline_misses:,} of {r.deadline_jobs:,}"),
         ("unfinished", lambda r: f"{r.jobs_unfinished:,}"),
         ("wall s", lambda r: f"{r.wall_s:.1f}"),
     ]
@@ -696,16 +869,44 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--preemption-group", type=int, default=4,
                    help="nodes of one pool lost together")  # fmt: skip
     p.add_argument("--interval-s", type=float, default=DECISION_INTERVAL_S)
+    p.add_argument("--spot-trace", action="append", default=[], metavar="POOL=FILE[@OFFSET]",
+                   help="a spot pool follows a market trace from OFFSET (repeatable)")  # fmt: skip
+    p.add_argument("--spot-notice", action="store_true",
+                   help="market preemptions come with notice: jobs lose no work")  # fmt: skip
+    p.add_argument("--checkpoint-every-s", type=float,
+                   help="jobs checkpoint this often; a loss keeps the work up to it")  # fmt: skip
+    p.add_argument("--deadline-slack", metavar="LO..HI",
+                   help="a share of jobs get deadline = arrival + slack x duration")  # fmt: skip
+    p.add_argument("--deadline-share", type=float, default=1 / 3,
+                   help="the share of jobs with a deadline (with --deadline-slack)")  # fmt: skip
     return p
+
+
+def parse_slack(value: str) -> tuple[float, float]:
+    """`LO..HI` (or one number) → the slack range; each at least 1 (the job's own length)."""
+    low, sep, high = value.partition("..")
+    try:
+        lo, hi = float(low), float(high if sep else low)
+    except ValueError:
+        raise ValueError(f"--deadline-slack {value!r}: expected LO..HI, e.g. 1.2..3") from None
+    if not 1 <= lo <= hi:
+        raise ValueError(f"--deadline-slack {value!r}: need 1 <= LO <= HI (a job takes 1x)")
+    return lo, hi
 
 
 def run_policies(args: argparse.Namespace) -> list[Result]:
     names = POLICIES if args.policy == "all" else tuple(args.policy.split(","))
     for name in names:
         if name not in POLICIES:
-            raise SystemExit(f"unknown policy {name!r}; choose from {', '.join(POLICIES)}")
+            raise ValueError(f"unknown policy {name!r}; choose from {', '.join(POLICIES)}")
     trace = read_trace(args.trace, args.limit)
     pools, config = load_pools(args.pools)
+    followed = markets(args.spot_trace, pools)
+    if args.deadline_slack is not None:
+        if not 0 <= args.deadline_share <= 1:
+            raise ValueError(f"--deadline-share must be in [0, 1], not {args.deadline_share:g}")
+        low, high = parse_slack(args.deadline_slack)
+        trace = with_deadlines(trace, args.deadline_share, low, high, seed=args.seed)
     return [
         simulate(
             trace,
@@ -716,6 +917,9 @@ def run_policies(args: argparse.Namespace) -> list[Result]:
             preemption_rate_per_hour=args.preemption_rate_per_hour,
             preemption_group=args.preemption_group,
             interval_s=args.interval_s,
+            markets=followed,
+            spot_notice=args.spot_notice,
+            checkpoint_every_s=args.checkpoint_every_s,
         )
         for name in names
     ]

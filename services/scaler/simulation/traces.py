@@ -4,7 +4,10 @@ market traces (the JSON of `../shared/traces/spot`)."""
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
+import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,6 +18,23 @@ class TraceJob:
     arrival_s: float
     gpus: int
     duration_s: float
+    deadline_s: float | None = None
+    """When its result is needed (seconds on the trace's clock), if it is."""
+
+
+def with_deadlines(
+    trace: Sequence[TraceJob], share: float, low: float, high: float, *, seed: int = 0
+) -> list[TraceJob]:
+    """The trace with a deadline on a `share` of its jobs (drawn with the seed): arrival +
+    slack x duration, the slack uniform in [low, high]."""
+    draw = random.Random(seed)  # noqa: S311  # a reproducible replay, not a secret
+    jobs = []
+    for job in trace:
+        chosen = draw.random() < share
+        slack = draw.uniform(low, high)
+        deadline_s = job.arrival_s + slack * job.duration_s if chosen else None
+        jobs.append(dataclasses.replace(job, deadline_s=deadline_s))
+    return jobs
 
 
 def read_trace(path: Path, limit: int | None = None) -> list[TraceJob]:
