@@ -18,7 +18,7 @@ from services.scaler.model import (
     Reason,
     ScalerConfig,
 )
-from services.scaler.policy import node_views, plan
+from services.scaler.policy import node_views, plan, preemption_risk
 from shared.events.types import Bundle, CapacityClass
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
@@ -250,3 +250,68 @@ def test_an_any_job_takes_on_demand_at_once_when_spot_capacity_fails() -> None:
     held = plan(POOLS, [], [spot_only], CONFIG, NOW, unavailable=stocked_out)
     assert (held.target("gpu-spot"), held.target("gpu-od")) == (0, 0)
     assert len(held.blocked) == 1, "a spot job waits for spot, and says so"
+
+
+ZONE_A = SPOT.model_copy(update={"name": "spot-a", "zone": "a"})
+ZONE_B = SPOT.model_copy(update={"name": "spot-b", "zone": "b"})
+
+
+@pytest.mark.parametrize(
+    ("risk", "grows"),
+    [
+        pytest.param({}, "spot-a", id="same-price-first-by-name"),
+        pytest.param({"spot-a": 0.2}, "spot-b", id="the-riskier-zone-goes-second"),
+        pytest.param({"spot-a": 0.2, "spot-b": 0.5}, "spot-a", id="the-least-risky-first"),
+    ],
+)
+def test_of_one_shape_in_two_zones_the_pool_seen_to_preempt_less_grows(
+    risk: dict[str, float], grows: str
+) -> None:
+    decided = plan((ZONE_A, ZONE_B), [], [demand()], CONFIG, NOW, risk=risk)
+    assert {p.pool: p.target for p in decided.pools if p.target} == {grows: 1}
+
+
+def test_a_gang_stays_in_one_zone_even_with_room_across_two() -> None:
+    """Two free GPUs in zone a and two in zone b would hold a 2-worker gang, but not in one
+    zone: it gets a new node rather than a split across zones."""
+    nodes = [node("a-1", ZONE_A, free_gpus=1), node("b-1", ZONE_B, free_gpus=1)]
+    decided = plan((ZONE_A, ZONE_B), nodes, [demand(gpus=1, workers=2)], CONFIG, NOW)
+    assert sum(p.target - p.current for p in decided.pools) == 1
+    # A single-bundle job may use either zone's room.
+    decided = plan((ZONE_A, ZONE_B), nodes, [demand(gpus=1)], CONFIG, NOW)
+    assert all(p.target == p.current for p in decided.pools)
+
+
+def test_preemption_risk_grows_with_losses_and_restart_cost() -> None:
+    assert preemption_risk(0, 100.0, 0.5) == 0.0
+    assert preemption_risk(5, 90.0, 0.5) == pytest.approx(5 / 100 * 0.5)
+    assert preemption_risk(5, 90.0, 1.0) > preemption_risk(5, 90.0, 0.5)
+    assert preemption_risk(5, 0.0, 1.0) == pytest.approx(0.5)  # the prior keeps it finite
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    workers=st.integers(2, 4),
+    free_a=st.integers(0, 2),
+    free_b=st.integers(0, 2),
+    risk_a=st.floats(0, 1),
+)
+def test_a_gang_never_straddles_zones(
+    workers: int, free_a: int, free_b: int, risk_a: float
+) -> None:
+    """Whatever the free room and risks, a gang is placed in room and new nodes of one zone
+    only: if the room it fits in spans both zones, a zone grows instead."""
+    nodes = [node("a-1", ZONE_A, free_gpus=free_a), node("b-1", ZONE_B, free_gpus=free_b)]
+    decided = plan((ZONE_A, ZONE_B), nodes, [demand(gpus=1, workers=workers)], CONFIG, NOW,
+                   risk={"spot-a": risk_a})  # fmt: skip
+    grown = {p.pool: p.target - p.current for p in decided.pools if p.target > p.current}
+    assert len(grown) <= 1
+    if not decided.blocked:
+        zone_room = {"spot-a": free_a, "spot-b": free_b}
+        fits_in_a_zone = max(zone_room.values()) >= workers
+        if fits_in_a_zone:
+            assert not grown
+        else:
+            pool, count = next(iter(grown.items()))
+            # New nodes (2 GPUs each) and that zone's room hold every worker.
+            assert zone_room[pool] + 2 * count >= workers

@@ -5,6 +5,12 @@
   the least cost, from its pace and what has been seen of the spot market.
 """
 
-from services.scaler.policy.packing import eligible_pools, node_views, plan, summarize
+from services.scaler.policy.packing import (
+    eligible_pools,
+    node_views,
+    plan,
+    preemption_risk,
+    summarize,
+)
 
-__all__ = ["eligible_pools", "node_views", "plan", "summarize"]
+__all__ = ["eligible_pools", "node_views", "plan", "preemption_risk", "summarize"]

@@ -60,6 +60,17 @@ def node_views(
     return views
 
 
+RISK_PRIOR_NODE_HOURS = 10.0
+"""A pool barely used yet counts as if this many node-hours had passed without a loss."""
+
+
+def preemption_risk(taken_back: int, node_hours: float, restart_cost_h: float) -> float:
+    """What a pool's preemptions add to the cost of an hour on it, as a share of its price:
+    nodes taken back per node-hour seen, each costing a restart (a boot, and the work since
+    the last checkpoint)."""
+    return taken_back / (max(node_hours, 0.0) + RISK_PRIOR_NODE_HOURS) * restart_cost_h
+
+
 def eligible_pools(
     demand: Demand,
     pools: Sequence[PoolSpec],
@@ -67,10 +78,14 @@ def eligible_pools(
     now: datetime,
     *,
     unavailable: frozenset[str] = frozenset(),
+    risk: Mapping[str, float] | None = None,
 ) -> list[PoolSpec]:
     """The pools a job may grow, cheapest first: spot for spot and `any` jobs, on-demand for
     on-demand jobs, and on-demand for an `any` job that has waited past the fallback time or
-    finds every spot pool out of capacity. Pools out of capacity (`unavailable`) grow not."""
+    finds every spot pool out of capacity. Pools out of capacity (`unavailable`) grow not.
+    A pool's `risk` (what its preemptions and stock-outs have been seen to add to the cost
+    of an hour on it, as a share of its price) counts against it: of two pools of one shape
+    in two zones, the one that takes nodes back less often goes first."""
     allowed = {
         CapacityClass.SPOT: {CapacityClass.SPOT},
         CapacityClass.ON_DEMAND: {CapacityClass.ON_DEMAND},
@@ -81,9 +96,10 @@ def eligible_pools(
             else set()
         ),
     }[demand.capacity]
+    risk = risk or {}
     return sorted(
         (p for p in pools if p.capacity in allowed and p.name not in unavailable),
-        key=lambda p: (p.price_per_hour_usd, p.name),
+        key=lambda p: (p.price_per_hour_usd * (1 + risk.get(p.name, 0.0)), p.name),
     )
 
 
@@ -238,10 +254,20 @@ class _FreeRoom:
 
 @dataclass(frozen=True, slots=True)
 class _Eligible:
-    """The pools a class of job may use, cheapest first, and their names."""
+    """The pools a class of job may use, cheapest first, and their names, all and by zone."""
 
     pools: list[PoolSpec]
     names: list[str]
+    zones: dict[str | None, list[str]] = field(default_factory=dict)
+    """Zone → the names of its pools, cheapest first; zones in the order of their cheapest
+    pool. A gang is placed within one zone (pools without a zone count as one)."""
+
+    @classmethod
+    def of(cls, pools: list[PoolSpec]) -> _Eligible:
+        zones: dict[str | None, list[str]] = {}
+        for pool in pools:
+            zones.setdefault(pool.zone, []).append(pool.name)
+        return cls(pools, [p.name for p in pools], zones)
 
 
 @dataclass(slots=True)
@@ -268,10 +294,13 @@ def plan(
     now: datetime,
     *,
     unavailable: frozenset[str] = frozenset(),
+    risk: Mapping[str, float] | None = None,
 ) -> ScalePlan:
     """Decide pool sizes. Pure: the same inputs always give the same plan.
 
     `unavailable`: pools whose last resize failed for want of capacity; they are not grown.
+    `risk`: per pool, what its preemptions and stock-outs add to its price, as a share (see
+    `eligible_pools`).
 
     Demand is packed, most urgent first, into free room on existing and booting nodes, then
     into as few new nodes of the cheapest allowed pool as hold all of a job's bundles. A job
@@ -330,10 +359,10 @@ def plan(
         waited = _falls_back(demand, pools, config, now, unavailable)
         choice = eligible.get((demand.capacity, waited))
         if choice is None:
-            candidates = eligible_pools(demand, pools, config, now, unavailable=unavailable)
-            choice = eligible[demand.capacity, waited] = _Eligible(
-                candidates, [p.name for p in candidates]
+            candidates = eligible_pools(
+                demand, pools, config, now, unavailable=unavailable, risk=risk
             )
+            choice = eligible[demand.capacity, waited] = _Eligible.of(candidates)
         outcome = _place(demand, choice, packing, config)
         if outcome is not None:
             blocked.append(outcome)
@@ -382,11 +411,8 @@ def _place(
         bundles = tuple(sorted(bundles, key=lambda b: (b.gpus, b.cpus, b.memory_gb), reverse=True))
     asked_gpus = bundles[0].gpus if lone else sum(b.gpus for b in bundles)
     room = packing.room
-    if room.free_gpus_in(choice.names) >= asked_gpus:
-        in_room = _Trial(room)
-        if in_room.fit(bundles, choice.names, grow=None):
-            in_room.commit()
-            return None
+    if room.free_gpus_in(choice.names) >= asked_gpus and _fit_in_room(bundles, choice, room):
+        return None
     why = BlockedReason.NO_POOL_FITS
     detail = "no allowed pool has a node shape that holds its bundles"
     would_grow: str | None = None
@@ -402,7 +428,7 @@ def _place(
             count = 1
         else:
             trial = _Trial(room)
-            trial.fit(bundles, choice.names, grow=empty_node)
+            trial.fit(bundles, choice.zones[pool.zone], grow=empty_node)
             count = len(trial.new_slots)
         refusal = _refusal(pool, count, packing, config)
         if refusal is None:
@@ -420,6 +446,18 @@ def _place(
     return Blocked(
         job_id=demand.job_id, attempt=demand.attempt, reason=why, detail=detail, pool=would_grow
     )
+
+
+def _fit_in_room(bundles: Sequence[Bundle], choice: _Eligible, room: _FreeRoom) -> bool:
+    """Place every bundle in free room, or none. A gang is placed within one zone: its
+    workers talk to each other all the time, and cross-zone traffic is slow and billed."""
+    groups = [choice.names] if len(bundles) == 1 else list(choice.zones.values())
+    for names in groups:
+        trial = _Trial(room)
+        if trial.fit(bundles, names, grow=None):
+            trial.commit()
+            return True
+    return False
 
 
 def _refusal(

@@ -11,7 +11,7 @@ from datetime import timedelta
 from typing import Any
 
 from services.scaler.model import Demand, NodeView, PoolSpec, Room
-from services.scaler.policy import deadline, plan
+from services.scaler.policy import deadline, plan, preemption_risk
 from services.scaler.policy.deadline import DeadlineState, Run
 from services.scaler.simulation.cluster import (
     CPUS_PER_GPU,
@@ -124,7 +124,8 @@ DECISION_INTERVAL_S = 10.0
 
 class Spotrain:
     """Ours: `services.scaler.policy.plan` on the same views the live scaler builds, told of
-    the pools that stocked out within the retry time, as the live scaler is. A job with a
+    the pools that stocked out within the retry time, as the live scaler is, and of each
+    market pool's preemption risk from the nodes it took back so far. A job with a
     deadline runs on what its rule says (spot, on-demand, or not yet: then it may take only
     free spot room); the others are `any` jobs."""
 
@@ -145,6 +146,11 @@ class Spotrain:
             pool for pool, at_s in state.stocked_out_s.items() if state.now_s - at_s < retry_s
         )
         demands, capacity = self._demands(state, unavailable)
+        restart_h = state.restart_overhead_s / 3600
+        risk = {
+            pool: preemption_risk(taken, state.node_hours.get(pool, 0.0), restart_h)
+            for pool, taken in state.taken_back.items()
+        }
         decided = plan(
             state.pools,
             views,
@@ -152,6 +158,7 @@ class Spotrain:
             state.config,
             EPOCH + timedelta(seconds=state.now_s),
             unavailable=unavailable,
+            risk=risk,
         )
         remaining = {p.pool: p.current for p in decided.pools}
         name_to_pool = {node.name: node.pool.name for node in state.idle}

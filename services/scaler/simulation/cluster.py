@@ -109,6 +109,8 @@ class ClusterState:
     """Per pool, when a launch last failed for want of capacity (a spot stock-out)."""
     taken_back: Mapping[str, int] = field(default_factory=dict)
     """Per pool, nodes its market took back so far."""
+    node_hours: Mapping[str, float] = field(default_factory=dict)
+    """Per pool, node-hours of the nodes that have ended so far."""
     restart_overhead_s: float = 0.0
     """What a start may cost a job: a boot, and the work a loss without notice undoes."""
 

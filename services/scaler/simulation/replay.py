@@ -330,6 +330,7 @@ class Simulation:
         self.stockouts = 0
         self.stocked_out_s: dict[str, float] = {}
         self.taken_back: dict[str, int] = dict.fromkeys(self.markets, 0)
+        self.node_hours: dict[str, float] = {}
 
     # -- bookkeeping -------------------------------------------------------------------
 
@@ -417,7 +418,9 @@ class Simulation:
         if node.ready:
             self.free[node.free_gpus].pop(node.name, None)
         self.node_gpus -= node.pool.gpus
-        self.cost_usd += (self.now_s - node.launched_s) * node.pool.price_per_hour_usd / 3600
+        lived_h = (self.now_s - node.launched_s) / 3600
+        self.cost_usd += lived_h * node.pool.price_per_hour_usd
+        self.node_hours[node.pool.name] = self.node_hours.get(node.pool.name, 0.0) + lived_h
         if node.pool.capacity is CapacityClass.SPOT:
             self._spot_changed(-1)
 
@@ -611,6 +614,7 @@ class Simulation:
             pending=self._pending_jobs(),
             stocked_out_s=dict(self.stocked_out_s),
             taken_back=dict(self.taken_back),
+            node_hours=dict(self.node_hours),
             restart_overhead_s=self._restart_overhead_s(),
         )
         decision = self.policy.decide(state)
