@@ -295,12 +295,14 @@ def plan(
     *,
     unavailable: frozenset[str] = frozenset(),
     risk: Mapping[str, float] | None = None,
+    idle_timeouts: Mapping[str, float] | None = None,
 ) -> ScalePlan:
     """Decide pool sizes. Pure: the same inputs always give the same plan.
 
     `unavailable`: pools whose last resize failed for want of capacity; they are not grown.
     `risk`: per pool, what its preemptions and stock-outs add to its price, as a share (see
-    `eligible_pools`).
+    `eligible_pools`). `idle_timeouts`: per pool, the idle timeout learnt from its history
+    (`keepalive.best_idle_timeout_s`), never above the configured one.
 
     Demand is packed, most urgent first, into free room on existing and booting nodes, then
     into as few new nodes of the cheapest allowed pool as hold all of a job's bundles. A job
@@ -333,7 +335,7 @@ def plan(
             slots.append(slot)
         if (
             node.ready
-            and node.idle_s >= config.idle_timeout_s
+            and node.idle_s >= _idle_timeout_s(node, config, idle_timeouts)
             and free.gpus >= pool.gpus
             and free.cpus >= pool.cpus - _EPSILON
         ):
@@ -526,6 +528,14 @@ class _Trial:
             self._room.remove(slot)
         self._taken.clear()
         self.new_slots.clear()
+
+
+def _idle_timeout_s(
+    node: NodeView, config: ScalerConfig, idle_timeouts: Mapping[str, float] | None
+) -> float:
+    if idle_timeouts is None or node.pool not in idle_timeouts:
+        return config.idle_timeout_s
+    return min(idle_timeouts[node.pool], config.idle_timeout_s)
 
 
 def _idle_nodes(

@@ -13,6 +13,7 @@ from typing import Any
 from services.scaler.model import Demand, NodeView, PoolSpec, Room
 from services.scaler.policy import deadline, plan, preemption_risk
 from services.scaler.policy.deadline import DeadlineState, Run
+from services.scaler.policy.keepalive import best_idle_timeout_s
 from services.scaler.simulation.cluster import (
     CPUS_PER_GPU,
     EPOCH,
@@ -136,6 +137,8 @@ class Spotrain:
         self.rule = rule
         self._rooms: dict[tuple[str, int], Room] = {}
         """Free room by pool and free GPUs: a node's free room follows from those two."""
+        self._timeouts: dict[str, float] = {}
+        self._periods_seen: dict[str, int] = {}
 
     def decide(self, state: ClusterState) -> Decision:
         views = [
@@ -151,6 +154,7 @@ class Spotrain:
             pool: preemption_risk(taken, state.node_hours.get(pool, 0.0), restart_h)
             for pool, taken in state.taken_back.items()
         }
+        idle_timeouts = self._idle_timeouts(state)
         decided = plan(
             state.pools,
             views,
@@ -159,6 +163,7 @@ class Spotrain:
             EPOCH + timedelta(seconds=state.now_s),
             unavailable=unavailable,
             risk=risk,
+            idle_timeouts=idle_timeouts,
         )
         remaining = {p.pool: p.current for p in decided.pools}
         name_to_pool = {node.name: node.pool.name for node in state.idle}
@@ -166,7 +171,24 @@ class Spotrain:
             remaining[name_to_pool[name]] -= 1
         launch = {p.pool: p.target - remaining[p.pool] for p in decided.pools}
         launch = {pool: count for pool, count in launch.items() if count > 0}
-        return Decision(launch=launch, release=decided.release, capacity=capacity)
+        return Decision(
+            launch=launch, release=decided.release, capacity=capacity, idle_timeouts=idle_timeouts
+        )
+
+    def _idle_timeouts(self, state: ClusterState) -> dict[str, float]:
+        """Per pool, the keep-alive policy's timeout, learnt again each 50 idle periods."""
+        boots = {p.name: p.boot_time_s for p in state.pools}
+        for pool, periods in state.idle_periods.items():
+            ended = state.idle_periods_ended.get(pool, 0)
+            if pool in self._timeouts and ended - self._periods_seen.get(pool, 0) < 50:
+                continue
+            self._periods_seen[pool] = ended
+            reused = [x for x in periods if x is not None]
+            self._timeouts[pool] = best_idle_timeout_s(
+                reused, len(periods) - len(reused), boots.get(pool, 0.0),
+                state.config.idle_timeout_s,
+            )  # fmt: skip
+        return dict(self._timeouts)
 
     def _demands(
         self, state: ClusterState, unavailable: frozenset[str]

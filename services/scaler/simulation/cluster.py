@@ -113,6 +113,11 @@ class ClusterState:
     """Per pool, node-hours of the nodes that have ended so far."""
     restart_overhead_s: float = 0.0
     """What a start may cost a job: a boot, and the work a loss without notice undoes."""
+    idle_periods: Mapping[str, Sequence[float | None]] = field(default_factory=dict)
+    """Per pool, recent idle periods: work came for the node after so many seconds, or
+    None when none came within the configured timeout (`Simulation._demand_came`)."""
+    idle_periods_ended: Mapping[str, int] = field(default_factory=dict)
+    """Per pool, how many such periods have ended in all."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +126,9 @@ class Decision:
     """Pool name → nodes to add now."""
     release: tuple[str, ...] = ()
     """Names of idle nodes to remove now."""
+    idle_timeouts: dict[str, float] = field(default_factory=dict)
+    """Pool → the idle timeout it applies now, if not the configured one (the replay sets
+    its alarms by it)."""
     capacity: dict[int, CapacityClass] = field(default_factory=dict)
     """Job index → what its current attempt may run on from now (a deadline policy's
     choice); jobs not named keep theirs."""

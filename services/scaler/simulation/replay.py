@@ -15,6 +15,7 @@ import random
 import sys
 import time
 import tomllib
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -231,6 +232,8 @@ def _replayable(trace: Sequence[TraceJob], pools: Sequence[PoolSpec]) -> tuple[l
 _DONE, _READY = 0, 1
 _IDLE, _SETTLE, _FALLBACK, _DEADLINE = 0, 1, 2, 3
 MAX_GPUS_PER_NODE = 16
+IDLE_PERIODS_KEPT = 1000
+"""Per pool, how many recent idle periods the keep-alive policy learns from."""
 
 
 class Simulation:
@@ -331,6 +334,14 @@ class Simulation:
         self.stocked_out_s: dict[str, float] = {}
         self.taken_back: dict[str, int] = dict.fromkeys(self.markets, 0)
         self.node_hours: dict[str, float] = {}
+        self.idle_starts: dict[str, deque[float]] = {}
+        """Per pool, when its nodes went idle, for the periods no work has ended yet."""
+        self.idle_periods: dict[str, deque[float | None]] = {}
+        """Per pool, the latest idle periods: work came for the node after so many seconds,
+        or None when none came within the configured timeout."""
+        self.idle_periods_ended: dict[str, int] = {}
+        self.idle_timeouts: dict[str, float] = {}
+        """Per pool, the idle timeout the policy last said it uses."""
 
     # -- bookkeeping -------------------------------------------------------------------
 
@@ -379,7 +390,13 @@ class Simulation:
             node.idle_since_s = self.now_s
             self.idle[node.name] = node
             self._alarm(self.now_s + self.config.idle_timeout_s, _IDLE, (node, self.now_s))
+            learnt_s = self.idle_timeouts.get(node.pool.name)
+            if learnt_s is not None and learnt_s < self.config.idle_timeout_s:
+                self._alarm(self.now_s + learnt_s, _IDLE, (node, self.now_s))
+            self.idle_starts.setdefault(node.pool.name, deque()).append(self.now_s)
         elif not empty:
+            if node.idle_since_s is not None:
+                self._demand_came(node.pool.name)
             node.idle_since_s = None
             self.idle.pop(node.name, None)
 
@@ -407,9 +424,28 @@ class Simulation:
         self.node_gpus += pool.gpus
         self._push(node.ready_s, _READY, node)
         self._alarm(self.now_s + self.config.settle_s, _SETTLE, None)
+        self._demand_came(pool.name)
         if pool.capacity is CapacityClass.SPOT:
             self._spot_changed(+1)
         return True
+
+    def _demand_came(self, pool: str) -> None:
+        """Work came for a node of the pool (an idle one was taken, or one was launched):
+        it ends the oldest idle period still open there, as if that node had been kept.
+        What the keep-alive policy learns from, for every node and whatever the timeout
+        was: how long after going idle a node would have been needed, if at all."""
+        starts = self.idle_starts.get(pool)
+        if not starts:
+            return
+        periods = self.idle_periods.setdefault(pool, deque(maxlen=IDLE_PERIODS_KEPT))
+        longest_s = self.config.idle_timeout_s
+        while starts and self.now_s - starts[0] > longest_s:
+            starts.popleft()
+            periods.append(None)  # no work for it within the longest timeout
+            self.idle_periods_ended[pool] = self.idle_periods_ended.get(pool, 0) + 1
+        if starts:
+            periods.append(self.now_s - starts.popleft())
+            self.idle_periods_ended[pool] = self.idle_periods_ended.get(pool, 0) + 1
 
     def _remove(self, node: SimNode) -> None:
         del self.nodes[node.name]
@@ -615,11 +651,14 @@ class Simulation:
             stocked_out_s=dict(self.stocked_out_s),
             taken_back=dict(self.taken_back),
             node_hours=dict(self.node_hours),
+            idle_periods=self.idle_periods,
+            idle_periods_ended=dict(self.idle_periods_ended),
             restart_overhead_s=self._restart_overhead_s(),
         )
         decision = self.policy.decide(state)
         for index, capacity in decision.capacity.items():
             self._pin(self.jobs[index], capacity)
+        self.idle_timeouts = decision.idle_timeouts
         for name in decision.release:
             node = self.nodes.get(name)
             if node is not None and node.ready and not node.jobs:
