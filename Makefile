@@ -55,6 +55,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/scaler_trace.py
 	$(BIN)/python bench/cost_meter.py
 	$(BIN)/python bench/deadline.py
+	$(BIN)/python bench/spot_market.py
 
 clean:
 	rm -rf $(VENV) .tools .mypy_cache .ruff_cache .pytest_cache .hypothesis
