@@ -65,7 +65,10 @@ class SpotOutlook(Frozen):
     """How long the pool has been watched (with a prior's pseudo-hours, see `outlook`)."""
     productive_share: Annotated[float, Field(ge=0, le=1)]
     """Of the time watched, the share a job holding the pool whenever it could would have
-    progressed, net of one restart per window: the spot progress to expect per hour."""
+    progressed, net of one restart per window: the spot progress to expect per hour. Not
+    what `decide` goes by (an estimate of future spot from the past committed jobs to
+    on-demand too early, on every trace family of `bench/deadline.py`); it says how good a
+    pool has been, for people and for choosing between pools."""
     mean_window_h: Annotated[float, Field(ge=0)]
     """How long the pool stayed available once it was, on average."""
 
