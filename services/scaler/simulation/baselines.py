@@ -82,7 +82,7 @@ def deadline_rule(job: SimJob, state: ClusterState, spot_available: bool) -> Run
             running=Run.WAIT,
             overhead_left_h=0.0,
             restart_overhead_h=overhead_h,
-            decision_interval_h=DECISION_INTERVAL_S / 3600,
+            decision_interval_h=state.decision_interval_s / 3600,
             spot_available=spot_available,
             spot_price_ratio=_price_ratio(state.pools),
             outlook=deadline.outlook(deadline.WindowTally(), 0.0, overhead_h),
@@ -117,10 +117,6 @@ def deadline_wakes(job: SimJob, now_s: float, overhead_s: float) -> list[float]:
         job.arrival_s + job.saved_s / job.duration_s * (job.deadline_s - job.arrival_s),
     ]
     return [w for w in wakes if w > now_s]
-
-
-DECISION_INTERVAL_S = 10.0
-"""The replay's decision step (`replay.DECISION_INTERVAL_S`)."""
 
 
 class Spotrain:
@@ -267,21 +263,29 @@ class Naive:
     def __init__(self) -> None:
         self._served: dict[tuple[int, int], float] = {}
         """Attempts launched for, and when."""
+        self._fell_back: set[tuple[int, int]] = set()
+        """Attempts launched for again, on on-demand, after their spot never came."""
 
     def decide(self, state: ClusterState) -> Decision:
         launch: dict[str, int] = {}
         for job in state.pending:
-            served_s = self._served.get((job.index, job.attempt))
+            key = (job.index, job.attempt)
+            served_s = self._served.get(key)
             # Launched for and still waiting past the fallback time (its spot nodes never
             # came: a stock-out): once more, on on-demand.
-            fallback = served_s is not None and served_s < 0
-            if served_s is not None and (
-                fallback or state.now_s - served_s < state.config.any_fallback_after_s
-            ):
+            fall_back = (
+                served_s is not None
+                and key not in self._fell_back
+                and state.now_s - served_s >= state.config.any_fallback_after_s
+            )
+            if served_s is not None and not fall_back:
                 continue
-            self._served[job.index, job.attempt] = -1.0 if served_s is not None else state.now_s
+            if fall_back:
+                self._fell_back.add(key)
+            else:
+                self._served[key] = state.now_s
             for bundle in job.bundles:
-                pool = smallest_pool_for(bundle, state.pools, on_demand=served_s is not None)
+                pool = smallest_pool_for(bundle, state.pools, on_demand=fall_back)
                 if pool is not None:
                     launch[pool.name] = launch.get(pool.name, 0) + 1
         release = idle_expired(state, state.config.idle_timeout_s)

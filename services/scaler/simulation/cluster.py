@@ -113,6 +113,8 @@ class ClusterState:
     """Per pool, node-hours of the nodes that have ended so far."""
     restart_overhead_s: float = 0.0
     """What a start may cost a job: a boot, and the work a loss without notice undoes."""
+    decision_interval_s: float = 10.0
+    """How far apart the replay's decisions may fall: how long a wait lasts at least."""
     idle_periods: Mapping[str, Sequence[float | None]] = field(default_factory=dict)
     """Per pool, recent idle periods: work came for the node after so many seconds, or
     None when none came within the configured timeout (`Simulation._demand_came`)."""

@@ -59,12 +59,12 @@ def parse_spot_trace_option(value: str) -> tuple[str, Path, int]:
     pool, sep, rest = value.partition("=")
     if not sep or not pool or not rest:
         raise ValueError(f"--spot-trace {value!r}: expected POOL=FILE[@OFFSET]")
-    path, at, offset = rest.rpartition("@") if "@" in rest else (rest, "", "0")
+    path, _, offset = rest.rpartition("@") if "@" in rest else (rest, "", "0")
     try:
         tick = int(offset)
     except ValueError:
         raise ValueError(f"--spot-trace {value!r}: the offset {offset!r} is not a tick") from None
-    if at and tick < 0:
+    if tick < 0:
         raise ValueError(f"--spot-trace {value!r}: the offset must be 0 or more")
     return pool, Path(path), tick
 

@@ -654,6 +654,7 @@ class Simulation:
             idle_periods=self.idle_periods,
             idle_periods_ended=dict(self.idle_periods_ended),
             restart_overhead_s=self._restart_overhead_s(),
+            decision_interval_s=self.interval_s,
         )
         decision = self.policy.decide(state)
         for index, capacity in decision.capacity.items():
