@@ -3,11 +3,12 @@ read by `spotrain pools` and dashboards."""
 
 from __future__ import annotations
 
-from pydantic import AwareDatetime
+from pydantic import AwareDatetime, Field
 
 from shared.events.types import CapacityClass, Frozen
 
 STATUS_KEY = "status"
+SIGHTINGS_KEY = "sightings"
 
 
 def pools_bucket(prefix: str) -> str:
@@ -35,3 +36,22 @@ class PoolsStatus(Frozen):
     cost_per_hour_usd: float
     pools: tuple[PoolStatus, ...]
     blocked_jobs: int
+
+
+class NodeSightings(Frozen):
+    """When each node open on the ledger was last seen alive by the scaler's provider.
+
+    Written by the scaler each pass; a restarted scaler reads it to close the nodes that
+    stopped while it was away at their last sighting, and `spotrain cost` bills a node no
+    further than its last sighting.
+    """
+
+    updated_at: AwareDatetime
+    pass_interval_s: float = Field(gt=0)
+    """How often the scaler looks: a sighting much older than this is stale."""
+    seen: dict[str, AwareDatetime]
+
+    def stale_after_s(self) -> float:
+        """How old a sighting may be before its node counts as unaccounted for: a few
+        missed passes, and never less than the time a slow pass may take."""
+        return max(3 * self.pass_interval_s, 15.0)

@@ -10,6 +10,7 @@ from services.scaler import metrics
 from services.scaler.adapters.cost_feed import JetStreamCostFeed
 from services.scaler.adapters.kv_demand import KvDemandStore
 from services.scaler.adapters.local_ray import LocalPoolProvider
+from services.scaler.adapters.node_history import BusNodeHistory
 from services.scaler.adapters.ray_cluster import RayClusterObserver
 from services.scaler.handlers import (
     SERVICE,
@@ -44,6 +45,8 @@ async def bootstrap(bus: EventBus, stack: AsyncExitStack) -> ServiceDefinition:
         observer=RayClusterObserver(settings.ray_gcs_address),
         demand=bucket,
         status=bucket,
+        history=BusNodeHistory(bus),
+        pass_interval_s=settings.reconcile_interval_s,
     )
 
     metrics.declare_pools(deps.pools)

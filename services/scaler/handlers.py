@@ -5,8 +5,6 @@ began and stopped being billed (`node.launched`, `node.released`)."""
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -20,6 +18,7 @@ from services.scaler.ports import (
     ClusterObserver,
     CostEventFeed,
     DemandStore,
+    NodeEventHistory,
     PoolProvider,
     ProvidedNode,
     StatusBoard,
@@ -27,7 +26,8 @@ from services.scaler.ports import (
 from shared.clock import Clock
 from shared.cost import CostFold, attributed, on_demand_counterpart
 from shared.cost.attribution import SettledMemo
-from shared.events import Event, EventData, new_event
+from shared.cost.node_ends import OpenNode, best_end, closings, node_history
+from shared.events import Event, EventData, new_event, node_event_id
 from shared.events.data import (
     JobCancelled,
     JobFailed,
@@ -35,6 +35,7 @@ from shared.events.data import (
     JobQueued,
     JobStarted,
     JobSucceeded,
+    NodeEndSource,
     NodeLaunched,
     NodeReleased,
     PoolResized,
@@ -43,6 +44,7 @@ from shared.events.data import (
     ReleaseReason,
 )
 from shared.messaging import EventPublisher, HandlerWithDeps
+from shared.pools import NodeSightings
 
 SERVICE = "scaler"
 log = structlog.get_logger()
@@ -58,12 +60,21 @@ class Deps:
     observer: ClusterObserver
     demand: DemandStore
     status: StatusBoard
+    history: NodeEventHistory
     reported_blocks: set[tuple[str, int, str]] = field(default_factory=set)
     """Blocked demand already announced, so each is said once per attempt and reason."""
     out_of_capacity_until: dict[str, datetime] = field(default_factory=dict)
     """Pools whose last growth failed, and until when they are left alone."""
-    billed_nodes: dict[str, str] = field(default_factory=dict)
-    """Nodes (and their pools) whose launch this process announced and whose end it has not."""
+    pass_interval_s: float = 2.0
+    """How often `reconcile` runs: said with the sightings, so readers know when one is stale."""
+    recovered: bool = False
+    """Whether this process has closed the nodes that stopped before it started."""
+    billed_nodes: dict[str, OpenNode] = field(default_factory=dict)
+    """Nodes open on the ledger (announced launched, by this process or one before it, and
+    not ended) that the provider lists."""
+    last_seen: dict[str, datetime] = field(default_factory=dict)
+    """When each billed node was last listed by the provider: where its billing ends if it
+    goes unrecorded."""
     ended_nodes: set[str] = field(default_factory=set)
     """Nodes whose end this process announced, while the provider still lists them (a
     release may take a while): never announced as launched again."""
@@ -106,11 +117,13 @@ _EVERY_ATTEMPT = 1_000_000
 
 async def reconcile(deps: Deps) -> ScalePlan:
     """One pass: observe, decide, act. Level-triggered: a missed pass is repaired by the next."""
+    # Before the listing: each node listed was alive at some instant after this.
+    seen_at = deps.clock.now()
     provided = await deps.provider.nodes()
     observed = await deps.observer.nodes()
     by_pool = {p.name: p for p in deps.pools}
     now = deps.clock.now()
-    await _announce_node_lifetimes(deps, provided, by_pool, now)
+    await _announce_node_lifetimes(deps, provided, by_pool, seen_at)
     views = policy.node_views(deps.pools, provided, observed, now)
     demands = await deps.demand.all()
     unavailable = frozenset(
@@ -187,13 +200,44 @@ async def reconcile(deps: Deps) -> ScalePlan:
     return decided
 
 
+async def _close_unwatched(deps: Deps, provided: Sequence[ProvidedNode]) -> None:
+    """At start: take over the nodes open on the ledger, and close those that stopped while
+    no scaler watched, at their best known end (never now). A failure leaves it to the
+    next pass."""
+    history = node_history(await deps.history.node_events())
+    board = await deps.status.sightings()
+    seen = dict(board.seen) if board is not None else {}
+    listed = {node.name for node in provided}
+    gone = [node.node for node in history.open if node.node not in listed]
+    recorded = await deps.provider.ended(gone) if gone else {}
+    for closing in closings(history.open, running=listed, recorded=recorded, last_seen=seen):
+        await _node_released(
+            deps,
+            closing.node,
+            closing.pool,
+            ReleaseReason.GONE_WHILE_UNWATCHED,
+            at=closing.end.at,
+            source=closing.end.source,
+        )
+    for node in history.open:
+        if node.node in listed:
+            deps.billed_nodes[node.node] = node
+            deps.last_seen[node.node] = seen.get(node.node, node.launched_at)
+    deps.ended_nodes |= history.ended & listed
+    deps.recovered = True
+    log.info("nodes.recovered", open=len(deps.billed_nodes), closed=len(gone))
+
+
 async def _announce_node_lifetimes(
-    deps: Deps, provided: Sequence[ProvidedNode], by_pool: Mapping[str, PoolSpec], now: datetime
+    deps: Deps, provided: Sequence[ProvidedNode], by_pool: Mapping[str, PoolSpec], seen_at: datetime
 ) -> None:
     """Level-triggered, so that every node-second can be billed: a listed node not yet
     announced (launched before a restart, or named only once it registered) is announced
     from the provider's launch time; an announced node that is no longer listed, and that
-    the scaler did not release, is gone (preempted, deleted by hand)."""
+    the scaler did not release, is gone (preempted, deleted by hand), and ends where the
+    provider recorded its end, else where it was last listed."""
+    if not deps.recovered:
+        await _close_unwatched(deps, provided)
     listed = {node.name for node in provided}
     for node in provided:
         if node.name in deps.billed_nodes or node.name in deps.ended_nodes:
@@ -203,10 +247,24 @@ async def _announce_node_lifetimes(
             log.warning("node.unknown_pool", node=node.name, pool=node.pool)
             continue
         await _node_launched(deps, node.name, pool, node.launched_at)
-    for name, pool_name in sorted(deps.billed_nodes.items()):
-        if name not in listed:
-            await _node_released(deps, name, pool_name, ReleaseReason.GONE, at=now)
+    gone = sorted(name for name in deps.billed_nodes if name not in listed)
+    recorded = await deps.provider.ended(gone) if gone else {}
+    for name in gone:
+        billed = deps.billed_nodes[name]
+        end = best_end(billed, recorded=recorded.get(name), last_seen=deps.last_seen.get(name))
+        await _node_released(
+            deps, name, billed.pool, ReleaseReason.GONE, at=end.at, source=end.source
+        )
+    for name in deps.billed_nodes.keys() & listed:
+        deps.last_seen[name] = seen_at
     deps.ended_nodes &= listed
+    await deps.status.publish_sightings(
+        NodeSightings(
+            updated_at=seen_at,
+            pass_interval_s=deps.pass_interval_s,
+            seen={name: deps.last_seen[name] for name in sorted(deps.billed_nodes)},
+        )
+    )
 
 
 async def _node_launched(deps: Deps, name: str, pool: PoolSpec, launched_at: datetime) -> None:
@@ -224,19 +282,33 @@ async def _node_launched(deps: Deps, name: str, pool: PoolSpec, launched_at: dat
         on_demand_price_per_hour_usd=counterpart.price_per_hour_usd if counterpart else None,
         launched_at=launched_at,
     )
-    await _publish(deps, launched, event_id=_node_event_id("launched", name))
-    deps.billed_nodes[name] = pool.name
+    await _publish(deps, launched, event_id=node_event_id("launched", name))
+    deps.billed_nodes[name] = OpenNode(node=name, pool=pool.name, launched_at=launched_at)
+    deps.last_seen.setdefault(name, launched_at)
     metrics.NODES_LAUNCHED.labels(pool.name, pool.capacity.value).inc()
     log.info("node.launched", node=name, pool=pool.name)
 
 
 async def _node_released(
-    deps: Deps, name: str, pool: str, reason: ReleaseReason, at: datetime | None = None
+    deps: Deps,
+    name: str,
+    pool: str,
+    reason: ReleaseReason,
+    *,
+    at: datetime | None = None,
+    source: NodeEndSource = NodeEndSource.RECORDED,
 ) -> None:
-    released = NodeReleased(node=name, pool=pool, reason=reason, released_at=at or deps.clock.now())
+    released = NodeReleased(
+        node=name,
+        pool=pool,
+        reason=reason,
+        released_at=at or deps.clock.now(),
+        end_source=source,
+    )
     # Published before it is forgotten: if the bus fails, the next pass says it again.
-    await _publish(deps, released, event_id=_node_event_id("released", name))
+    await _publish(deps, released, event_id=node_event_id("released", name))
     deps.billed_nodes.pop(name, None)
+    deps.last_seen.pop(name, None)
     deps.ended_nodes.add(name)
     metrics.NODES_RELEASED.labels(pool, reason.value).inc()
     log.info("node.released", node=name, pool=pool, reason=reason.value)
@@ -256,24 +328,17 @@ async def measure_costs(deps: Deps) -> None:
     arrived = deps.cost_events.copy()
     deps.cost_events.clear()
     now = deps.clock.now()
+    # Open nodes are billed to their last sighting, as `spotrain cost` bills them, once
+    # this process knows every open node's (before, up to now).
+    seen = dict(deps.last_seen) if deps.recovered else None
 
     def attribute() -> metrics.Samples:
         for event in arrived:
             deps.costs.add(event)
-        inputs = deps.costs.inputs({})
+        inputs = deps.costs.inputs({}, seen=seen)
         return metrics.cost_samples(attributed(inputs, now=now, settled=deps.settled_costs))
 
     metrics.COSTS.replace(await asyncio.to_thread(attribute))
-
-
-_PLAIN_ID = re.compile(r"^[A-Za-z0-9._-]{1,100}$")
-
-
-def _node_event_id(event: str, node: str) -> str:
-    """Derived from the node's name, so that announcing a node twice stores it once."""
-    if _PLAIN_ID.match(node):
-        return f"node-{event}-{node}"
-    return f"node-{event}-{hashlib.sha256(node.encode()).hexdigest()[:32]}"
 
 
 async def _publish(deps: Deps, data: EventData, event_id: str | None = None) -> None:

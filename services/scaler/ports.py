@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any, Protocol
 
 from services.scaler.model import Demand, ObservedNode, PoolSpec, ProvidedNode
+from shared.cost.node_ends import NodeEnd
 from shared.events import Event
-from shared.pools import PoolsStatus
+from shared.pools import NodeSightings, PoolsStatus
 
 
 class PoolProvider(Protocol):
@@ -27,6 +28,12 @@ class PoolProvider(Protocol):
 
     async def release(self, node: str) -> None:
         """Stop one node; a no-op for a node already gone."""
+        ...
+
+    async def ended(self, nodes: Collection[str]) -> dict[str, NodeEnd]:
+        """When each of these nodes, no longer listed, stopped, as far as the provider
+        recorded it (a local node's recorded exit or last stamp); a node it kept no record
+        of is left out, and the scaler falls back on its own last sighting."""
         ...
 
 
@@ -57,6 +64,23 @@ class StatusBoard(Protocol):
     """Where the scaler posts the pools' status for clients; last write wins."""
 
     async def publish_status(self, status: PoolsStatus) -> None: ...
+
+    async def publish_sightings(self, sightings: NodeSightings) -> None:
+        """When each open node was last seen alive; last write wins."""
+        ...
+
+    async def sightings(self) -> NodeSightings | None:
+        """What the last `publish_sightings` wrote (by this process or one before it)."""
+        ...
+
+
+class NodeEventHistory(Protocol):
+    """The node lifetime events on record (`node.launched`, `node.released`, `node.lost`),
+    for a scaler that starts and must know which nodes the ledger still bills."""
+
+    async def node_events(self) -> list[Event[Any]]:
+        """Every stored node lifetime event, oldest first; unreadable ones left out."""
+        ...
 
 
 __all__ = ["ObservedNode", "ProvidedNode"]

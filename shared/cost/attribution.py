@@ -45,6 +45,9 @@ class NodeLife:
     """What the same node-second would cost on on-demand capacity."""
     start: datetime
     end: datetime | None = None
+    seen_until: datetime | None = None
+    """For a node with no end yet, the last time it was seen alive, if that is known: it
+    is billed up to there and no further (it may have stopped unrecorded since)."""
 
 
 @dataclass(frozen=True)
@@ -190,7 +193,7 @@ def _attribute_node(
     node: NodeLife, holds: Sequence[Hold], start: datetime, end: datetime
 ) -> NodeAttribution:
     lo = max(node.start, start)
-    hi = min(node.end or end, end)
+    hi = min(node.end or node.seen_until or end, end)
     if hi <= lo:
         return None, []
     by_gpu = node.gpus > 0

@@ -3,7 +3,9 @@ events and says what time it is.
 
 - A node lives from its `node.launched` (`launched_at`) to the first of its `node.released`
   (`released_at`) and `node.lost` (`lost_at`, else the event's time); a repeated event of
-  a node changes nothing. A node with no end yet is billed up to now.
+  a node changes nothing. A node with no end yet is billed up to now, or, when its
+  sightings are given, up to the last time it was seen alive (never past it: it may have
+  stopped unrecorded since).
 - An attempt holds, from its `job.started` to its end, its bundle on each node
   `job.started` names, in order (Ray reports the driver's node: a multi-node job's other
   workers are not known to sit anywhere, so their nodes' seconds stay idle). The bundle is
@@ -21,7 +23,7 @@ events and says what time it is.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from fractions import Fraction
 from typing import Any
@@ -94,9 +96,11 @@ def ledger(
     now: datetime,
     since: datetime | None = None,
     prices: Mapping[str, PoolPrice] | None = None,
+    seen: Mapping[str, datetime] | None = None,
 ) -> Ledger:
-    """Fold the events and attribute the window `[since, now)` (all of time by default)."""
-    return attributed(fold(events, prices=prices or {}), now=now, since=since)
+    """Fold the events and attribute the window `[since, now)` (all of time by default);
+    `seen` as `CostFold.inputs` takes it."""
+    return attributed(fold(events, prices=prices or {}, seen=seen), now=now, since=since)
 
 
 def attributed(
@@ -118,12 +122,17 @@ def attributed(
     )
 
 
-def fold(events: Iterable[Event[Any]], *, prices: Mapping[str, PoolPrice]) -> CostInputs:
+def fold(
+    events: Iterable[Event[Any]],
+    *,
+    prices: Mapping[str, PoolPrice],
+    seen: Mapping[str, datetime] | None = None,
+) -> CostInputs:
     """Node lifetimes, attempt holds and job owners from events in stream order."""
     state = CostFold()
     for event in events:
         state.add(event)
-    return state.inputs(prices)
+    return state.inputs(prices, seen=seen)
 
 
 AttemptKey = tuple[str, int]
@@ -191,11 +200,22 @@ class CostFold:
     def _end_node(self, node: str, at: datetime) -> None:
         self.node_end[node] = min(self.node_end.get(node, at), at)
 
-    def inputs(self, prices: Mapping[str, PoolPrice]) -> CostInputs:
+    def open_nodes(self) -> list[str]:
+        """Launched nodes with no end on record."""
+        return [name for name in self.launched if name not in self.node_end]
+
+    def inputs(
+        self, prices: Mapping[str, PoolPrice], *, seen: Mapping[str, datetime] | None = None
+    ) -> CostInputs:
+        """`seen`, when given: when each node was last seen alive. A node with no end is
+        then billed up to its last sighting (its launch if it was never seen), not to now."""
         nodes = []
         without_baseline = set()
         for name, launched in self.launched.items():
             node, has_baseline = _node_life(launched, self.node_end.get(name), prices)
+            if seen is not None and node.end is None:
+                sighting = max(seen.get(name, launched.launched_at), launched.launched_at)
+                node = replace(node, seen_until=sighting)
             nodes.append(node)
             if not has_baseline:
                 without_baseline.add(launched.pool)

@@ -18,7 +18,7 @@ from shared.events.codec import (
     encode,
 )
 from shared.events.data import EventData
-from shared.events.envelope import Event, new_event, new_event_id
+from shared.events.envelope import Event, new_event, new_event_id, node_event_id
 
 __all__ = [
     "CATALOG",
@@ -35,6 +35,7 @@ __all__ = [
     "encode",
     "new_event",
     "new_event_id",
+    "node_event_id",
     "spec_for",
     "subject_for",
     "subjects_for",

@@ -307,6 +307,23 @@ class ReleaseReason(StrEnum):
     GONE = "gone"
     """The provider stopped listing it unasked: preempted, deleted by hand, or a
     placeholder that became a real node."""
+    GONE_WHILE_UNWATCHED = "gone-while-unwatched"
+    """It stopped while no scaler was watching (the scaler was down or restarting), and the
+    scaler found it gone at its next start: its end is the provider's record, else the last
+    time it was seen alive, never the time it was found gone."""
+    STACK_STOPPED = "stack-stopped"
+    """`spotrain down` stopped it with the rest of the local stack."""
+
+
+class NodeEndSource(StrEnum):
+    """How the end of a node's billing is known."""
+
+    RECORDED = "recorded"
+    """The provider recorded when it stopped (a release, a VM's deletion or preemption
+    time, a local node's recorded exit)."""
+    LAST_SEEN = "last-seen"
+    """Only when it was last seen alive: it stopped at some time after, unrecorded, so
+    its billing ends there rather than at a guess."""
 
 
 class NodeReleased(EventData):
@@ -319,6 +336,8 @@ class NodeReleased(EventData):
     pool: Name
     reason: ReleaseReason
     released_at: AwareDatetime
+    end_source: NodeEndSource = NodeEndSource.RECORDED
+    """Whether `released_at` is the provider's record or the node's last sighting."""
 
 
 class NoticeSource(StrEnum):

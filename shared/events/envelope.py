@@ -6,6 +6,8 @@ dropped by the server's de-duplication window.
 
 from __future__ import annotations
 
+import hashlib
+import re
 import uuid
 from datetime import datetime
 from typing import Annotated, Generic, Literal, Self, TypeVar, cast
@@ -46,6 +48,18 @@ class Event(Frozen, Generic[DataT]):
 def new_event_id() -> str:
     """A fresh random event id, for events that are not derived from another one."""
     return uuid.uuid4().hex
+
+
+_PLAIN_ID = re.compile(r"^[A-Za-z0-9._-]{1,100}$")
+
+
+def node_event_id(event: str, node: str) -> str:
+    """The id of a node's lifetime event (`launched`, `released`), derived from the node's
+    name: whoever announces it (the scaler, `spotrain down`), and however often, the
+    stream stores it once within its de-duplication window."""
+    if _PLAIN_ID.match(node):
+        return f"node-{event}-{node}"
+    return f"node-{event}-{hashlib.sha256(node.encode()).hexdigest()[:32]}"
 
 
 def new_event(

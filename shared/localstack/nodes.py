@@ -5,7 +5,9 @@ notices there and kills nodes, and the preemption watcher's local source reads i
 For a node `NAME`: `NAME.json` is its process record, `NAME.pool` its pool,
 `NAME.capacity` its pool's capacity class (spot, on-demand), `NAME.notice`
 a preemption notice with its deadline, `NAME.released` says that the provider stopped it
-on purpose (its disappearance is not a loss).
+on purpose (its disappearance is not a loss). `NAME.alive` is stamped while the node runs
+and `NAME.ended` records when it stopped (its keeper, a release or a preemption writes it):
+the record a cloud keeps of when a VM stopped, kept until the stack is stopped cleanly.
 """
 
 from __future__ import annotations
@@ -21,7 +23,15 @@ from pathlib import Path
 
 from pydantic import AwareDatetime, BaseModel, ValidationError
 
-from shared.localstack.processes import ProcessRecord, is_running, session_processes
+from shared.cost.node_ends import NodeEnd
+from shared.events.data import NodeEndSource
+from shared.localstack.node_keeper import record_end
+from shared.localstack.processes import (
+    ProcessRecord,
+    is_running,
+    session_processes,
+    stop_session,
+)
 
 
 class PreemptionNotice(BaseModel):
@@ -107,15 +117,57 @@ class NodeFolder:
     def was_released(self, name: str) -> bool:
         return (self.path / f"{name}.released").exists()
 
+    def alive_file(self, name: str) -> Path:
+        return self.path / f"{name}.alive"
+
+    def ended_file(self, name: str) -> Path:
+        return self.path / f"{name}.ended"
+
+    def record_end(self, name: str, at: datetime) -> None:
+        """Record when the node stopped, unless something recorded it first."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        record_end(self.ended_file(name), at)
+
+    def recorded_end(self, name: str) -> NodeEnd | None:
+        """When the node stopped, if recorded; else when it was last stamped alive; None
+        for a node this folder knows nothing of."""
+        try:
+            return NodeEnd(
+                datetime.fromisoformat(self.ended_file(name).read_text().strip()),
+                NodeEndSource.RECORDED,
+            )
+        except (OSError, ValueError):
+            pass
+        try:
+            stamped = self.alive_file(name).stat().st_mtime
+        except OSError:
+            return None
+        return NodeEnd(datetime.fromtimestamp(stamped, UTC), NodeEndSource.LAST_SEEN)
+
+    def stop(self, node: LocalNode, *, grace_s: float) -> None:
+        """Stop a node on purpose: marked released first (its exit is no loss), drained
+        within `grace_s`, then killed; its end recorded (by its keeper, else here)."""
+        self.mark_released(node.name)
+        stop_session(node.record.pid, grace_s=grace_s)
+        self.record_end(node.name, datetime.now(UTC))
+
     def forget(self, name: str) -> None:
         """Remove every file of a node; called before a name is used again."""
-        for suffix in (".json", ".pool", ".capacity", ".notice", ".released"):
+        suffixes = (".json", ".pool", ".capacity", ".notice", ".released", ".alive", ".ended")
+        for suffix in suffixes:
             (self.path / f"{name}{suffix}").unlink(missing_ok=True)
 
     def clear(self) -> None:
         """Forget every node; the name counters stay, so no name is ever used twice."""
         for path in self.path.glob("*"):
             if not path.name.endswith(".count"):
+                path.unlink(missing_ok=True)
+
+    def clear_stopped(self) -> None:
+        """Forget the process records, notices and release marks of stopped nodes, but keep
+        their pools and recorded ends: a ledger not yet told of their end still needs them."""
+        for suffix in ("json", "notice", "released"):
+            for path in self.path.glob(f"*.{suffix}"):
                 path.unlink(missing_ok=True)
 
     def withdraw_notice(self, name: str) -> None:
@@ -186,11 +238,10 @@ def preempt(
         on_notice(notice)
         sleep(max(0.0, (notice.deadline - datetime.now(UTC)).total_seconds()))
     processes = kill_node(node.record)
+    killed_at = datetime.now(UTC)
+    # As the cloud records a preemption's time: the keeper died in the same instant.
+    folder.record_end(node.name, killed_at)
     folder.withdraw_notice(node.name)  # served: a notice outliving its node is noise
     return Preemption(
-        node=node.name,
-        pool=node.pool,
-        notice=notice,
-        killed_at=datetime.now(UTC),
-        processes=processes,
+        node=node.name, pool=node.pool, notice=notice, killed_at=killed_at, processes=processes
     )

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from shared.localstack import node_keeper
 from shared.localstack.processes import ProcessRecord, spawn
 
 PORT_BLOCK = 64
@@ -118,12 +119,17 @@ def start_worker(
     *,
     log_dir: Path,
     env: Mapping[str, str],
+    alive_file: Path,
+    ended_file: Path,
     temp_dir: Path | None = None,
 ) -> ProcessRecord:
-    """Start one worker node in its own session; stop it with `stop_session(record.pid)`."""
+    """Start one worker node in its own session, under its keeper (which stamps
+    `alive_file` while it runs and records its exit in `ended_file`); stop it with
+    `stop_session(record.pid)`."""
+    keeper = [sys.executable, str(Path(node_keeper.__file__)), str(alive_file), str(ended_file)]
     return spawn(
         name,
-        worker_argv(gcs_address, shape, ports, temp_dir),
+        [*keeper, "--", *worker_argv(gcs_address, shape, ports, temp_dir)],
         log_path=log_dir / f"node-{name}.log",
         env=node_env(env),
         cwd=log_dir,

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from datetime import datetime
 
 from services.scaler.model import Demand, PoolSpec
 from services.scaler.ports import ObservedNode, ProvidedNode
-from shared.pools import PoolsStatus
+from shared.cost.node_ends import NodeEnd
+from shared.events.data import NodeEndSource
+from shared.pools import NodeSightings, PoolsStatus
 from tests.fakes.clock import FixedClock
 
 
@@ -18,6 +21,9 @@ class FakeCluster:
         self.launched: dict[str, tuple[PoolSpec, datetime]] = {}
         self.idle_s: dict[str, float] = {}
         self.released: list[str] = []
+        self._named = 0
+        self.ends: dict[str, NodeEnd] = {}
+        """When each node that stopped stopped, as the provider recorded it."""
         self.out_of_capacity: set[str] = set()
         """Pools whose launches fail, as a zone out of spot capacity answers."""
 
@@ -31,14 +37,27 @@ class FakeCluster:
         if pool.name in self.out_of_capacity:
             msg = f"ZONE_RESOURCE_POOL_EXHAUSTED: no capacity for {pool.name}"
             raise OSError(msg)
-        names = [f"{pool.name}-{len(self.launched) + i + 1}" for i in range(count)]
+        # Like a cloud's VM names, never used twice.
+        names = [f"{pool.name}-{self._named + i + 1}" for i in range(count)]
+        self._named += count
         for name in names:
             self.launched[name] = (pool, self._clock.now())
         return names
 
     async def release(self, node: str) -> None:
-        self.launched.pop(node, None)
+        if self.launched.pop(node, None) is not None:
+            self.ends.setdefault(node, NodeEnd(self._clock.now(), NodeEndSource.RECORDED))
         self.released.append(node)
+
+    async def ended(self, nodes: Collection[str]) -> dict[str, NodeEnd]:
+        return {name: self.ends[name] for name in nodes if name in self.ends}
+
+    def stop(self, node: str, *, recorded: bool = True) -> None:
+        """The node stops unasked (preempted, deleted, killed with its stack); the provider
+        records when, unless `recorded` is False (its record lost, or never kept)."""
+        del self.launched[node]
+        if recorded:
+            self.ends[node] = NodeEnd(self._clock.now(), NodeEndSource.RECORDED)
 
     async def observed(self) -> dict[str, ObservedNode]:
         return {
@@ -76,6 +95,13 @@ class InMemoryDemandStore:
 class RecordingStatusBoard:
     def __init__(self) -> None:
         self.latest: PoolsStatus | None = None
+        self.latest_sightings: NodeSightings | None = None
 
     async def publish_status(self, status: PoolsStatus) -> None:
         self.latest = status
+
+    async def publish_sightings(self, sightings: NodeSightings) -> None:
+        self.latest_sightings = sightings
+
+    async def sightings(self) -> NodeSightings | None:
+        return self.latest_sightings

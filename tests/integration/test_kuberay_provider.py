@@ -15,6 +15,7 @@ import pytest
 from kubernetes.client import ApiClient
 
 from services.scaler.adapters.kuberay import KubeRayError, KubeRayPoolProvider, connect_kubernetes
+from services.scaler.adapters.node_history import BusNodeHistory
 from services.scaler.bootstrap import _provider
 from services.scaler.handlers import Deps, on_job_queued, reconcile
 from services.scaler.model import PoolSpec, ScalerConfig
@@ -201,6 +202,7 @@ def scaler_deps(
         observer=NoRay(),
         demand=InMemoryDemandStore(),
         status=RecordingStatusBoard(),
+        history=BusNodeHistory(bus),
     )
 
 

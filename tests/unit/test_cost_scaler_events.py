@@ -7,12 +7,14 @@ from typing import Any
 
 import pytest
 
+from services.scaler.adapters.node_history import BusNodeHistory
 from services.scaler.handlers import Deps, on_job_queued, on_job_settled, reconcile
 from services.scaler.model import PoolSpec, ScalerConfig
 from shared.events import decode, new_event
 from shared.events.data import (
     JobQueued,
     JobStarted,
+    NodeEndSource,
     NodeLaunched,
     NodeReleased,
     ReleaseReason,
@@ -52,8 +54,9 @@ def cluster(clock: FixedClock) -> FakeCluster:
 
 
 def make_deps(clock: FixedClock, cluster: FakeCluster, bus: InMemoryBus | None = None) -> Deps:
+    bus = bus or InMemoryBus()
     return Deps(
-        bus=bus or InMemoryBus(),
+        bus=bus,
         clock=clock,
         pools=(SPOT, ON_DEMAND),
         config=ScalerConfig(budget_per_hour_usd=10, idle_timeout_s=60, settle_s=0),
@@ -61,6 +64,7 @@ def make_deps(clock: FixedClock, cluster: FakeCluster, bus: InMemoryBus | None =
         observer=FakeObserver(cluster),
         demand=InMemoryDemandStore(),
         status=RecordingStatusBoard(),
+        history=BusNodeHistory(bus),
     )
 
 
@@ -129,14 +133,16 @@ async def test_a_released_node_is_announced_as_scaled_down(
     )
 
 
-async def test_a_node_that_vanishes_unasked_is_announced_gone(
+async def test_a_node_that_vanishes_unasked_ends_where_the_provider_recorded_its_end(
     deps: Deps, cluster: FakeCluster, clock: FixedClock
 ) -> None:
-    """A preempted node drops out of the provider's list: its billing ends there too."""
+    """A preempted node drops out of the provider's list: its billing ends when the
+    provider says it stopped, not when the scaler noticed."""
     await queue_job(deps)
     await reconcile(deps)
-    del cluster.launched["gpu-spot-1"]
     clock.advance(timedelta(seconds=30))
+    cluster.stop("gpu-spot-1")
+    clock.advance(timedelta(seconds=7))
     await reconcile(deps)
     await reconcile(deps)
     ended = [data for _, data in node_events(deps) if isinstance(data, NodeReleased)]
@@ -146,7 +152,26 @@ async def test_a_node_that_vanishes_unasked_is_announced_gone(
             pool="gpu-spot",
             reason=ReleaseReason.GONE,
             released_at=NOW + timedelta(seconds=30),
+            end_source=NodeEndSource.RECORDED,
         )
+    ]
+
+
+async def test_a_node_gone_without_a_record_ends_where_it_was_last_listed(
+    deps: Deps, cluster: FakeCluster, clock: FixedClock
+) -> None:
+    """No record of its end: the last pass that listed it is the last known alive."""
+    await queue_job(deps)
+    await reconcile(deps)
+    clock.advance(timedelta(seconds=10))
+    await reconcile(deps)  # lists it
+    clock.advance(timedelta(seconds=20))
+    cluster.stop("gpu-spot-1", recorded=False)
+    clock.advance(timedelta(seconds=5))
+    await reconcile(deps)
+    ended = [data for _, data in node_events(deps) if isinstance(data, NodeReleased)]
+    assert [(e.released_at, e.end_source) for e in ended] == [
+        (NOW + timedelta(seconds=10), NodeEndSource.LAST_SEEN)
     ]
 
 

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from services.scaler.adapters.node_history import BusNodeHistory
 from services.scaler.handlers import Deps, on_job_queued, on_job_settled, reconcile
 from services.scaler.model import PoolSpec, ScalerConfig
 from shared.events import decode, new_event
@@ -39,8 +40,9 @@ def cluster(clock: FixedClock) -> FakeCluster:
 
 @pytest.fixture
 def deps(clock: FixedClock, cluster: FakeCluster) -> Deps:
+    bus = InMemoryBus()
     return Deps(
-        bus=InMemoryBus(),
+        bus=bus,
         clock=clock,
         pools=(SPOT,),
         config=ScalerConfig(budget_per_hour_usd=2.5, idle_timeout_s=60, settle_s=0),
@@ -48,6 +50,7 @@ def deps(clock: FixedClock, cluster: FakeCluster) -> Deps:
         observer=FakeObserver(cluster),
         demand=InMemoryDemandStore(),
         status=RecordingStatusBoard(),
+        history=BusNodeHistory(bus),
     )
 
 

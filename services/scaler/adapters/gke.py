@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Protocol, TypeVar
@@ -20,6 +20,7 @@ from google.cloud.container_v1 import ClusterManagerClient, NodePool
 from services.scaler.model import PoolSpec
 from services.scaler.ports import ProvidedNode
 from shared.clock import Clock
+from shared.cost.node_ends import NodeEnd
 
 NODE_POOL_LABEL = "cloud.google.com/gke-nodepool"
 """The label GKE puts on every Kubernetes node with the name of its node pool."""
@@ -183,6 +184,12 @@ class GkePoolProvider:
 
     async def release(self, node: str) -> None:
         await asyncio.to_thread(self._release, node)
+
+    async def ended(self, nodes: Collection[str]) -> dict[str, NodeEnd]:
+        """No record here: the VM's deletion or preemption time lives in the Compute
+        API's operations (`compute.instances.preempted`, `delete`), which this provider
+        does not read yet; the scaler falls back on its last sighting."""
+        return {}
 
     def _nodes(self) -> list[ProvidedNode]:
         provided = []

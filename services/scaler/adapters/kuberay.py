@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any, TypeVar
 
 import structlog
@@ -25,6 +25,7 @@ from services.scaler.payloads.kuberay import (
     worker_selector,
 )
 from services.scaler.ports import ProvidedNode
+from shared.cost.node_ends import NodeEnd
 
 GROUP = "ray.io"
 VERSION = "v1"
@@ -77,6 +78,11 @@ class KubeRayPoolProvider:
 
     async def release(self, node: str) -> None:
         await asyncio.to_thread(self._release, node)
+
+    async def ended(self, nodes: Collection[str]) -> dict[str, NodeEnd]:
+        """No record here: a deleted worker pod leaves nothing to read in the RayCluster;
+        the scaler falls back on its last sighting."""
+        return {}
 
     def _nodes(self) -> list[ProvidedNode]:
         return [

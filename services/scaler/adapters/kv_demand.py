@@ -1,5 +1,5 @@
 """`DemandStore` and `StatusBoard` on the scaler's own key-value bucket: one key per
-queued job, and one for the pools' status."""
+queued job, one for the pools' status and one for the nodes' last sightings."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from nats.js.api import KeyValueConfig, StorageType
 from nats.js.kv import KeyValue
 
 from services.scaler.model import Demand
-from shared.pools import STATUS_KEY, PoolsStatus
+from shared.pools import SIGHTINGS_KEY, STATUS_KEY, NodeSightings, PoolsStatus
 
 
 class KvDemandStore:
@@ -56,6 +56,18 @@ class KvDemandStore:
 
     async def publish_status(self, status: PoolsStatus) -> None:
         await self._kv.put(STATUS_KEY, status.model_dump_json().encode())
+
+    async def publish_sightings(self, sightings: NodeSightings) -> None:
+        await self._kv.put(SIGHTINGS_KEY, sightings.model_dump_json().encode())
+
+    async def sightings(self) -> NodeSightings | None:
+        try:
+            entry = await self._kv.get(SIGHTINGS_KEY)
+        except nats.js.errors.KeyNotFoundError:
+            return None
+        if not entry.value:
+            return None
+        return NodeSightings.model_validate_json(entry.value)
 
     async def all(self) -> list[Demand]:
         try:

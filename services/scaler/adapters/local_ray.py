@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 
 from services.scaler.model import PoolSpec
 from services.scaler.ports import ProvidedNode
-from shared.localstack.nodes import NodeFolder
+from shared.cost.node_ends import NodeEnd
+from shared.localstack.nodes import LocalNode, NodeFolder
 from shared.localstack.ports import free_port_block
 from shared.localstack.processes import ProcessRecord, is_running, stop_session
 from shared.localstack.ray_nodes import (
@@ -100,6 +101,8 @@ class LocalPoolProvider:
                 NodePorts(free_port_block(PORT_BLOCK)),
                 log_dir=self._log_dir,
                 env=self._env,
+                alive_file=self._folder.alive_file(name),
+                ended_file=self._folder.ended_file(name),
                 temp_dir=temp_dir,
             )
             record.save(self._state_dir / f"{name}.json")
@@ -112,10 +115,21 @@ class LocalPoolProvider:
     def _release(self, node: str) -> None:
         path = self._state_dir / f"{node}.json"
         record = ProcessRecord.load(path)
-        # Said before it stops, so that the watcher does not report the exit as a loss.
-        self._folder.mark_released(node)
         if record is not None:
             # A drained node hands its work back; gcs-side cleanup follows its exit.
-            stop_session(record.pid, grace_s=5)
+            self._folder.stop(LocalNode(node, self._folder.pool_of(node), None, record), grace_s=5)
+        else:
+            self._folder.mark_released(node)
         shutil.rmtree(node_temp_dir(self._state_dir, node), ignore_errors=True)
         path.unlink(missing_ok=True)
+
+    async def ended(self, nodes: Collection[str]) -> dict[str, NodeEnd]:
+        return await asyncio.to_thread(self._ended, nodes)
+
+    def _ended(self, nodes: Collection[str]) -> dict[str, NodeEnd]:
+        ends = {}
+        for name in nodes:
+            end = self._folder.recorded_end(name)
+            if end is not None:
+                ends[name] = end
+        return ends

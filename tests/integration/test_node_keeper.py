@@ -1,0 +1,95 @@
+"""The local node keeper: real processes, stopped the ways a local node stops (a release,
+its own exit, a kill of its whole session), and what the node folder then records."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+from shared.events.data import NodeEndSource
+from shared.localstack import node_keeper
+from shared.localstack.nodes import LocalNode, NodeFolder, kill_node
+from shared.localstack.processes import is_running, session_processes, spawn
+
+
+def kept(folder: NodeFolder, name: str, argv: list[str]) -> LocalNode:
+    keeper = [sys.executable, node_keeper.__file__]
+    files = [str(folder.alive_file(name)), str(folder.ended_file(name))]
+    record = spawn(
+        name,
+        [*keeper, *files, "--", *argv],
+        log_path=folder.path / f"{name}.log",
+        env=os.environ,
+        cwd=folder.path,
+    )
+    deadline = time.monotonic() + 10
+    while not folder.alive_file(name).exists():
+        assert time.monotonic() < deadline, "the keeper never stamped the node alive"
+        time.sleep(0.02)
+    return LocalNode(name, "cpu", None, record)
+
+
+def wait_gone(node: LocalNode) -> None:
+    deadline = time.monotonic() + 10
+    while is_running(node.record):
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+
+
+def test_a_node_that_exits_by_itself_has_its_exit_recorded(tmp_path: Path) -> None:
+    folder = NodeFolder(tmp_path)
+    node = kept(folder, "cpu-1", ["sleep", "0.5"])
+    wait_gone(node)
+    end = folder.recorded_end("cpu-1")
+    assert end is not None
+    assert end.source is NodeEndSource.RECORDED
+    assert abs((datetime.now(UTC) - end.at).total_seconds()) < 5
+
+
+def test_a_released_node_stops_and_records_its_end_once(tmp_path: Path) -> None:
+    folder = NodeFolder(tmp_path)
+    node = kept(folder, "cpu-1", ["sleep", "60"])
+    before = datetime.now(UTC)
+    folder.stop(node, grace_s=5)
+    after = datetime.now(UTC)
+    assert not session_processes(node.record.pid)
+    assert folder.was_released("cpu-1")
+    end = folder.recorded_end("cpu-1")
+    assert end is not None
+    assert end.source is NodeEndSource.RECORDED
+    assert before <= end.at <= after
+    folder.record_end("cpu-1", after.replace(year=2030))  # a late writer changes nothing
+    assert folder.recorded_end("cpu-1") == end
+
+
+def test_a_node_whose_ray_dies_alone_is_recorded_by_its_keeper(tmp_path: Path) -> None:
+    folder = NodeFolder(tmp_path)
+    node = kept(folder, "cpu-1", ["sleep", "60"])
+    [child] = [pid for pid in session_processes(node.record.pid) if pid != node.record.pid]
+    killed_at = datetime.now(UTC)
+    os.kill(child, signal.SIGKILL)
+    wait_gone(node)
+    end = folder.recorded_end("cpu-1")
+    assert end is not None
+    assert end.source is NodeEndSource.RECORDED
+    assert 0 <= (end.at - killed_at).total_seconds() < 2
+
+
+def test_a_session_killed_at_once_leaves_its_last_stamp_within_a_heartbeat(
+    tmp_path: Path,
+) -> None:
+    """No process outlives a SIGKILL of the session: the alive stamp is what is left."""
+    folder = NodeFolder(tmp_path)
+    node = kept(folder, "cpu-1", ["sleep", "60"])
+    time.sleep(1)
+    kill_node(node.record)
+    killed_at = datetime.now(UTC)
+    wait_gone(node)
+    end = folder.recorded_end("cpu-1")
+    assert end is not None
+    assert end.source is NodeEndSource.LAST_SEEN
+    assert 0 <= (killed_at - end.at).total_seconds() <= node_keeper.HEARTBEAT_S + 0.2
