@@ -34,7 +34,14 @@ from shared.events.data import (
 from shared.jobs import JobRecord, jobs_bucket
 from shared.messaging import BusSettings
 from shared.messaging.jetstream import BusUnavailableError, JetStreamBus
-from shared.pools import STATUS_KEY, PoolsStatus, pools_bucket
+from shared.pools import (
+    SIGHTINGS_KEY,
+    STATUS_KEY,
+    NodeSightings,
+    PoolsStatus,
+    billed_up_to,
+    pools_bucket,
+)
 from shared.workspace import pack, upload
 
 TERMINAL_EVENTS = (JobSucceeded, JobFailed, JobCancelled, JobRejected)
@@ -242,7 +249,24 @@ class SpotrainClient:
         """Every node-second billed since `since` (all of it by default) up to now,
         attributed to the attempts that held the nodes or to idle; see `shared.cost`."""
         events = await self.cost_events()
-        return ledger(events, now=self._clock.now(), since=since, prices=prices)
+        sightings = await self.sightings()
+        return ledger(
+            events,
+            now=self._clock.now(),
+            since=since,
+            prices=prices,
+            seen=billed_up_to(sightings),
+        )
+
+    async def sightings(self) -> NodeSightings | None:
+        """When the scaler last saw each node open on the ledger; None before its first
+        pass (or from a scaler that does not post them)."""
+        try:
+            kv = await self._bus.client.jetstream().key_value(pools_bucket(self.prefix))
+            entry = await kv.get(SIGHTINGS_KEY)
+        except (nats.js.errors.BucketNotFoundError, nats.js.errors.NotFoundError):
+            return None
+        return NodeSightings.model_validate_json(entry.value) if entry.value else None
 
     async def pools(self) -> PoolsStatus | None:
         """The scaler's latest view of the pools; None before its first pass."""

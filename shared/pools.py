@@ -3,6 +3,8 @@ read by `spotrain pools` and dashboards."""
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from pydantic import AwareDatetime, Field
 
 from shared.events.types import CapacityClass, Frozen
@@ -55,3 +57,9 @@ class NodeSightings(Frozen):
         """How old a sighting may be before its node counts as unaccounted for: a few
         missed passes, and never less than the time a slow pass may take."""
         return max(3 * self.pass_interval_s, 15.0)
+
+
+def billed_up_to(sightings: NodeSightings | None) -> dict[str, datetime]:
+    """Where the ledger stops billing each open node: its last sighting. With no sightings
+    at all (no scaler pass yet), every open node stops at its launch: never a guess."""
+    return dict(sightings.seen) if sightings is not None else {}

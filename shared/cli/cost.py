@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Annotated
@@ -13,7 +14,7 @@ import typer
 from rich.table import Table
 
 from shared.cli.console import CliError, err, out
-from shared.cli.jobs import duration_s
+from shared.cli.jobs import duration_s, format_duration
 from shared.client import SpotrainClient
 from shared.cost import (
     CostRow,
@@ -23,16 +24,29 @@ from shared.cost import (
     PricingError,
     cost_rows,
     format_usd,
+    ledger,
     load_overrides,
     total,
 )
+from shared.cost.billing_export import (
+    BillingExport,
+    ExportError,
+    Match,
+    Reconciliation,
+    guess_form,
+    ledger_by_node_day,
+    read_export,
+    reconcile,
+)
+from shared.cost.node_ends import Unaccounted, node_history, unaccounted
+from shared.pools import billed_up_to
 
 
 def register_cost_commands(app: typer.Typer) -> None:
     app.command()(cost)
 
 
-def cost(
+def cost(  # noqa: PLR0917  # a typer command: its options are its parameters
     experiment: Annotated[str | None, typer.Option(help="Only this experiment's jobs.")] = None,
     by: Annotated[
         GroupBy, typer.Option(help="One row per job, experiment, owner or pool.")
@@ -56,21 +70,179 @@ def cost(
     as_json: Annotated[
         bool, typer.Option("--json", help="A JSON array, one object per row, for tools.")
     ] = False,
+    check: Annotated[
+        bool,
+        typer.Option(
+            "--check",
+            help="List the nodes open on the ledger that no provider has listed lately, "
+            "with how long they have gone unaccounted for; exit 1 if there are any.",
+        ),
+    ] = False,
+    reconcile_with: Annotated[
+        Path | None,
+        typer.Option(
+            "--reconcile",
+            metavar="FILE",
+            help="Compare the ledger, per node and day, with a Cloud Billing export to "
+            "BigQuery (CSV, or JSON lines as `bq extract` writes them); exit 1 on any "
+            "difference or problem.",
+        ),
+    ] = None,
 ) -> None:
     """Cost, GPU-hours, waste and the saving against on-demand, from the node-seconds billed."""
     started = _since(since) if since is not None else None
     overrides = _overrides(prices) if prices is not None else {}
-
-    async def go() -> Ledger:
-        async with await SpotrainClient.connect() as client:
-            return await client.costs(since=started, prices=overrides)
-
-    ledger = asyncio.run(go())
-    rows = cost_rows(ledger, by, experiment)
+    export = _export(reconcile_with) if reconcile_with is not None else None
+    view = asyncio.run(_read(started, overrides))
+    if check:
+        _print_check(view, as_json=as_json)
+        return
+    if export is not None:
+        _print_reconciliation(view, export, as_json=as_json)
+        return
+    rows = cost_rows(view.ledger, by, experiment)
     if as_json:
         print(json.dumps([row.as_json(by) for row in rows]))
         return
-    _print_table(ledger, rows, by, experiment)
+    _print_table(view.ledger, rows, by, experiment)
+    _warn_unaccounted(view.unaccounted)
+
+
+@dataclass(frozen=True)
+class _View:
+    ledger: Ledger
+    unaccounted: list[Unaccounted]
+    open_nodes: int
+    known_pools: frozenset[str]
+
+
+async def _read(since: datetime | None, prices: dict[str, PoolPrice]) -> _View:
+    async with await SpotrainClient.connect() as client:
+        events = await client.cost_events()
+        sightings = await client.sightings()
+        status = await client.pools()
+    now = datetime.now(UTC)
+    seen = billed_up_to(sightings)
+    history = node_history(events)
+    stale_after_s = sightings.stale_after_s() if sightings is not None else 0.0
+    billed = ledger(events, now=now, since=since, prices=prices, seen=seen)
+    pools = {node.pool for node in billed.inputs.nodes}
+    pools |= {pool.pool for pool in status.pools} if status is not None else set()
+    return _View(
+        ledger=billed,
+        unaccounted=unaccounted(history.open, last_seen=seen, now=now, stale_after_s=stale_after_s),
+        open_nodes=len(history.open),
+        known_pools=frozenset(pools),
+    )
+
+
+def _warn_unaccounted(nodes: list[Unaccounted]) -> None:
+    if not nodes:
+        return
+    longest = max(n.for_s for n in nodes)
+    err.print(
+        f"[yellow]{len(nodes)} node(s) open on the ledger have not been seen for up to "
+        f"{format_duration(longest)}: billed only up to when each was last seen "
+        "(see `spotrain cost --check`)[/]"
+    )
+
+
+def _print_check(view: _View, *, as_json: bool) -> None:
+    nodes = view.unaccounted
+    if as_json:
+        print(json.dumps([_unaccounted_json(n) for n in nodes]))
+    elif not nodes:
+        out.print(f"every node open on the ledger ({view.open_nodes}) was seen lately")
+    else:
+        table = Table("node", "pool", "launched", "last seen", "unaccounted for")
+        for n in nodes:
+            table.add_row(
+                n.node,
+                n.pool,
+                f"{n.launched_at.astimezone():%Y-%m-%d %H:%M:%S}",
+                f"{n.last_seen.astimezone():%Y-%m-%d %H:%M:%S}",
+                format_duration(n.for_s),
+            )
+        out.print(table)
+        out.print(
+            "[dim]open on the ledger, and no provider lists them: billed up to when each "
+            "was last seen; the scaler closes them when it next starts[/]"
+        )
+    if nodes:
+        raise typer.Exit(1)
+
+
+def _unaccounted_json(node: Unaccounted) -> dict[str, object]:
+    return {
+        "node": node.node,
+        "pool": node.pool,
+        "launched_at": node.launched_at.isoformat(),
+        "last_seen": node.last_seen.isoformat(),
+        "unaccounted_for_s": round(node.for_s, 3),
+    }
+
+
+def _export(path: Path) -> BillingExport:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as error:
+        raise CliError(f"cannot read the billing export {path}: {error.strerror}", 2) from None
+    except UnicodeDecodeError:
+        raise CliError(f"{path}: not a text file (CSV or JSON lines)", 2) from None
+    try:
+        return read_export(text, guess_form(path.name, text))
+    except ExportError as error:
+        raise CliError(f"{path}: {error}", 2) from None
+
+
+def _print_reconciliation(view: _View, export: BillingExport, *, as_json: bool) -> None:
+    ours = ledger_by_node_day(view.ledger.inputs.nodes, view.ledger.end)
+    result = reconcile(ours, export, known_pools=view.known_pools)
+    if as_json:
+        print(json.dumps(_reconciliation_json(result)))
+    else:
+        table = Table("node", "day", "ledger", "bill", "difference", "")
+        for day in result.days:
+            style = "" if day.match is Match.MATCHED else "[yellow]"
+            table.add_row(
+                day.node,
+                day.day.isoformat(),
+                format_usd(day.ledger_usd),
+                format_usd(day.bill_usd),
+                format_usd(day.difference_usd),
+                f"{style}{day.match.value}",
+            )
+        out.print(table)
+        counts = ", ".join(f"{result.counts.get(m, 0)} {m.value}" for m in Match)
+        out.print(
+            f"{len(result.days)} node-days: {counts}; ledger {format_usd(result.ledger_usd)}, "
+            f"bill {format_usd(result.bill_usd)} (credits {format_usd(result.credits_usd)} "
+            "not counted)"
+        )
+        for problem in result.problems:
+            out.print(f"[yellow]problem: {problem}[/]")
+    if result.problems or any(d.match is not Match.MATCHED for d in result.days):
+        raise typer.Exit(1)
+
+
+def _reconciliation_json(result: Reconciliation) -> dict[str, object]:
+    return {
+        "node_days": [
+            {
+                "node": d.node,
+                "day": d.day.isoformat(),
+                "ledger_usd": round(float(d.ledger_usd), 6),
+                "bill_usd": round(float(d.bill_usd), 6),
+                "difference_usd": round(float(d.difference_usd), 6),
+                "match": d.match.value,
+            }
+            for d in result.days
+        ],
+        "ledger_usd": round(float(result.ledger_usd), 6),
+        "bill_usd": round(float(result.bill_usd), 6),
+        "credits_usd": round(float(result.credits_usd), 6),
+        "problems": list(result.problems),
+    }
 
 
 def _since(text: str) -> datetime:

@@ -310,6 +310,21 @@ def duration_s(text: str) -> int:
     return int(value) * {"": 1, "s": 1, "m": 60, "h": 3600}[unit]
 
 
+def format_duration(seconds: float) -> str:
+    """The two largest units: 42s, 5m12s, 3h07m, 2d04h."""
+    whole = int(seconds)
+    days, rest = divmod(whole, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}d{hours:02d}h"
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    if minutes:
+        return f"{minutes}m{secs:02d}s"
+    return f"{secs}s"
+
+
 def _run(factory: Callable[[], Awaitable[T]]) -> T:
     async def main() -> T:
         return await factory()

@@ -7,6 +7,7 @@ processes whose PID files `up` wrote, with everything they spawned.
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import json
 import os
@@ -32,6 +33,7 @@ from shared.localstack.processes import (
 )
 from shared.localstack.ray_nodes import NodePorts, node_env, node_temp_dir, ray_binary
 from shared.localstack.settings import LocalStackSettings
+from shared.messaging.settings import BusSettings
 from shared.natsauth import write_nats_config
 
 SERVICES = ("submitter", "scaler", "preemption_watcher", "checkpointer")
@@ -300,16 +302,47 @@ def down(settings: LocalStackSettings, progress: Progress = lambda _: None) -> l
 
 
 def _stop_nodes(settings: LocalStackSettings, progress: Progress) -> list[str]:
+    """Stop the pool nodes as the provider releases them (each end recorded), then end
+    every node open on the ledger while NATS still runs, so that a stopped stack costs
+    nothing more."""
+    # Imported here: `up` and `status` need no NATS client.
+    from shared.localstack.node_ledger import close_open_nodes  # noqa: PLC0415
+    from shared.messaging.jetstream import (  # noqa: PLC0415
+        BusAuthenticationError,
+        BusPermissionError,
+        BusUnavailableError,
+    )
+
     stopped = []
     folder = NodeFolder(settings.node_dir)
     for node in folder.nodes():
-        progress(f"stopping node {node.name}")
-        folder.mark_released(node.name)
-        stop_session(node.record.pid, grace_s=2)
+        if is_running(node.record):
+            progress(f"stopping node {node.name}")
+            folder.stop(node, grace_s=2)
+            stopped.append(node.name)
+        else:
+            # Dead before: its keeper's record (or last stamp) says when; end what is left.
+            stop_session(node.record.pid, grace_s=0)
         shutil.rmtree(node_temp_dir(settings.node_dir, node.name), ignore_errors=True)
-        stopped.append(f"node {node.name}")
-    folder.clear()
-    return stopped
+    try:
+        closed = asyncio.run(close_open_nodes(_bus_as_scaler(settings), folder, stopped=stopped))
+    except (BusUnavailableError, BusAuthenticationError, BusPermissionError, OSError) as error:
+        # Their recorded ends stay in the folder: the scaler closes them at its next start.
+        progress(f"the ledger was not told of the stopped nodes ({error}); the scaler will")
+        folder.clear_stopped()
+    else:
+        if closed:
+            progress(f"ended {len(closed)} nodes on the ledger")
+        folder.clear()
+    return [f"node {name}" for name in stopped]
+
+
+def _bus_as_scaler(settings: LocalStackSettings) -> BusSettings:
+    """The bus as the stack's scaler reaches it: its user on a secure stack."""
+    env = write_nats_config(settings.nats_auth_dir).env("scaler") if settings.is_secure else {}
+    fields = {key.removeprefix("SPOTRAIN_").lower(): value for key, value in env.items()}
+    # As the services read it: their environment (this one's), then their own variables.
+    return BusSettings(**fields, nats_url=settings.nats_url, connect_timeout_s=5)  # type: ignore[arg-type]
 
 
 def status(settings: LocalStackSettings) -> list[ComponentStatus]:

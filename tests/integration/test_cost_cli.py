@@ -3,11 +3,13 @@ figures worked out by hand in tests/unit/test_cost_ledger.py."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
 import sys
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +20,9 @@ from shared.events.types import Bundle
 from shared.jobs import JobRecord, JobState, jobs_bucket
 from shared.messaging import BusSettings
 from shared.messaging.jetstream import JetStreamBus
+from shared.pools import SIGHTINGS_KEY, NodeSightings, pools_bucket
+from tests.billing_exports import BilledNode, as_csv, as_json_lines
+from tests.billing_exports import rows as billing_rows
 from tests.cli import ENTRY as SPOTRAIN
 from tests.unit.test_cost_ledger import Story
 
@@ -153,3 +158,80 @@ async def test_the_sdk_reads_the_same_figures(story: Story, bus_settings: BusSet
         ledger = await client.costs()
     assert ledger.attribution.cost_usd == pytest.approx(0.585)
     assert [row.key for row in cost_rows(ledger, GroupBy.JOB)][:2] == ["job-a", "job-b"]
+
+
+async def post_sightings(bus: JetStreamBus, seen: dict[str, datetime]) -> None:
+    """As the scaler's pass posts them."""
+    js = bus.client.jetstream()
+    kv = await js.create_key_value(bucket=pools_bucket(bus.prefix))
+    sightings = NodeSightings(updated_at=max(seen.values()), pass_interval_s=2, seen=seen)
+    await kv.put(SIGHTINGS_KEY, sightings.model_dump_json().encode())
+
+
+async def test_a_node_not_seen_lately_is_billed_to_its_sighting_and_listed_by_check(
+    jetstream_bus: JetStreamBus, bus_settings: BusSettings
+) -> None:
+    told = Story(datetime.now(UTC).replace(microsecond=0) - timedelta(hours=1))
+    await jetstream_bus.publish(told.launched("gpu-spot-9", 0))
+    await post_sightings(jetstream_bus, {"gpu-spot-9": told.t(1800)})
+    first = cost_json(bus_settings, "--by", "pool")
+    assert first == [
+        {
+            "pool": "gpu-spot",
+            "cost_usd": 0.36,  # half an hour at $0.72/h, not the hour since launch
+            "idle_usd": 0.36,
+            "gpu_hours": 1.0,
+            "waste_usd": 0.0,
+            "saving_vs_on_demand_usd": 0.54,
+        }
+    ]
+    async with await SpotrainClient.connect(bus_settings) as client:
+        before = (await client.costs()).attribution.cost_usd
+        await asyncio.sleep(1)
+        assert (await client.costs()).attribution.cost_usd == before, "an unseen node grew"
+    checked = spotrain(bus_settings, "cost", "--check")
+    assert checked.returncode == 1
+    [row] = [line for line in checked.stdout.splitlines() if "gpu-spot-9" in line]
+    assert "30m0" in row  # unaccounted for since its sighting, half an hour ago
+    table = spotrain(bus_settings, "cost")
+    assert "have not been seen for up to 30m0" in table.stderr
+    await post_sightings(jetstream_bus, {"gpu-spot-9": datetime.now(UTC)})
+    fine = spotrain(bus_settings, "cost", "--check")
+    assert fine.returncode == 0, fine.stdout
+    assert "every node open on the ledger (1) was seen lately" in fine.stdout
+
+
+async def test_reconcile_matches_a_billing_export_of_the_same_nodes(
+    story: Story, bus_settings: BusSettings, tmp_path: Path
+) -> None:
+    async with await SpotrainClient.connect(bus_settings) as client:
+        ledger = await client.costs()
+    nodes = [
+        BilledNode(n.node, n.pool, n.price_per_hour_usd, n.start, n.end or n.start)
+        for n in ledger.inputs.nodes
+    ]
+    bill = tmp_path / "billing.jsonl"
+    bill.write_text(as_json_lines(billing_rows(nodes)))
+    result = spotrain(bus_settings, "cost", "--reconcile", str(bill))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"{len(nodes)} node-days: {len(nodes)} matched, 0 differs" in result.stdout.replace(
+        "\n", " "
+    )
+    flat = tmp_path / "billing.csv"
+    flat.write_text(as_csv(billing_rows(nodes)[1:]))  # one SKU-hour short
+    short = spotrain(bus_settings, "cost", "--reconcile", str(flat), "--json")
+    assert short.returncode == 1
+    report = json.loads(short.stdout)
+    assert [d["match"] for d in report["node_days"]].count("differs") == 1
+
+
+async def test_a_billing_export_that_cannot_be_compared_is_one_line(
+    story: Story, bus_settings: BusSettings, tmp_path: Path
+) -> None:
+    bill = tmp_path / "billing.csv"
+    bill.write_text("usage_start_time,usage_end_time,cost\n")
+    result = spotrain(bus_settings, "cost", "--reconcile", str(bill))
+    assert result.returncode == 2
+    assert result.stderr.strip().count("\n") == 0, result.stderr
+    assert "lacks the column(s) currency" in result.stderr
+    assert "Traceback" not in result.stderr
