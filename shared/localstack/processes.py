@@ -12,10 +12,12 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import IO
 
 
 @dataclass(frozen=True)
@@ -48,29 +50,69 @@ class ProcessRecord:
 _children: dict[int, subprocess.Popen[bytes]] = {}
 
 
-def spawn(
-    name: str, argv: Sequence[str], *, log_path: Path, env: Mapping[str, str], cwd: Path
+def spawn(  # what a process is started with
+    name: str,
+    argv: Sequence[str],
+    *,
+    log_path: Path,
+    env: Mapping[str, str],
+    cwd: Path,
+    detached: bool = False,
 ) -> ProcessRecord:
+    """Start `argv` as the leader of a new session, its output appended to `log_path`.
+
+    `detached`: not even a child of this process (a launcher starts it and exits), so that
+    stopping this process, with everything it spawned, leaves it running: a pool node
+    outlives the scaler that launched it, as a VM outlives a restarted autoscaler.
+    """
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("ab") as log:
-        process = subprocess.Popen(
-            list(argv),
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=dict(env),
-            cwd=cwd,
-            start_new_session=True,
-        )
-    _children[process.pid] = process
-    stat = _read_stat(process.pid)
+        if detached:
+            pid = _launch_detached(argv, log=log, env=env, cwd=cwd)
+        else:
+            process = subprocess.Popen(
+                list(argv),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=dict(env),
+                cwd=cwd,
+                start_new_session=True,
+            )
+            _children[process.pid] = process
+            pid = process.pid
+    stat = _read_stat(pid)
     return ProcessRecord(
         name=name,
-        pid=process.pid,
+        pid=pid,
         argv=list(argv),
         log=str(log_path),
         start_ticks=stat.start_ticks if stat else -1,
     )
+
+
+_LAUNCHER = (
+    "import subprocess, sys; "
+    "p = subprocess.Popen(sys.argv[1:], start_new_session=True, stdin=subprocess.DEVNULL, "
+    "stdout=2, stderr=2); print(p.pid)"
+)
+"""Starts its arguments in a session of their own and exits at once, handing them to init."""
+
+
+def _launch_detached(
+    argv: Sequence[str], *, log: IO[bytes], env: Mapping[str, str], cwd: Path
+) -> int:
+    launcher = subprocess.run(  # our own interpreter and command line
+        [sys.executable, "-c", _LAUNCHER, *argv],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=log,
+        env=dict(env),
+        cwd=cwd,
+        check=True,
+        timeout=30,
+    )
+    return int(launcher.stdout)
 
 
 def is_running(record: ProcessRecord) -> bool:

@@ -133,4 +133,5 @@ def start_worker(
         log_path=log_dir / f"node-{name}.log",
         env=node_env(env),
         cwd=log_dir,
+        detached=True,
     )

@@ -51,7 +51,10 @@ async def submit(env: dict[str, str], workdir: Path, experiment: str, *args: str
 
 
 async def bill(client: SpotrainClient, now: datetime) -> Fraction:
-    """What the provider bills up to `now`, straight from the node events."""
+    """What the provider bills up to `now`, straight from the node events; a node still up
+    up to the scaler's last sighting of it, as the ledger bills it."""
+    sightings = await client.sightings()
+    seen = dict(sightings.seen) if sightings is not None else {}
     launched: dict[str, NodeLaunched] = {}
     ended: dict[str, datetime] = {}
     for event in await client.cost_events():
@@ -64,7 +67,7 @@ async def bill(client: SpotrainClient, now: datetime) -> Fraction:
             ended[data.node] = min(ended.get(data.node, end), end)
     return sum(
         (
-            seconds(min(ended.get(n.node, now), now) - n.launched_at)
+            seconds(min(ended.get(n.node, seen.get(n.node, n.launched_at)), now) - n.launched_at)
             * exact(n.price_per_hour_usd)
             / 3600
             for n in launched.values()

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
+import signal
 import socket
 import time
 from collections.abc import Iterator
@@ -10,9 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from shared.localstack.nodes import NodeFolder
-from shared.localstack.processes import session_processes
+from shared.client import SpotrainClient
+from shared.events.data import NodeEndSource, NodeReleased, ReleaseReason
+from shared.localstack.nodes import NodeFolder, kill_node
+from shared.localstack.processes import ProcessRecord, session_processes
 from shared.localstack.settings import LocalStackSettings
+from shared.messaging import BusSettings
 from tests.e2e.stack import sessions, spotrain, stack_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
@@ -58,6 +63,8 @@ def test_up_status_a_job_and_down_leaves_nothing_running(home: Path) -> None:
     nodes = NodeFolder(LocalStackSettings(home=home).node_dir)
     assert [node.name for node in nodes.running()], "the job ran on a pool node"
 
+    the_node_gone_while_unwatched_is_closed_at_its_recorded_end(env, home, nodes)
+
     leaders = sessions(home)
     assert "prometheus" in leaders, "a plain `down` stops what `up --prometheus` started"
     assert all(session_processes(pid) for pid in leaders.values())
@@ -69,6 +76,47 @@ def test_up_status_a_job_and_down_leaves_nothing_running(home: Path) -> None:
     }
     assert spotrain(env, "status").returncode == 1
     assert nodes.running() == [], "the pool nodes went with the stack"
+
+
+def the_node_gone_while_unwatched_is_closed_at_its_recorded_end(
+    env: dict[str, str], home: Path, nodes: NodeFolder
+) -> None:
+    """The scaler and the watcher die; the node dies after them (its Ray processes killed,
+    its keeper left to record the exit). A restarted scaler closes it at that end."""
+    [node] = nodes.running()
+    run = LocalStackSettings(home=home).run_dir
+    for service in ("scaler", "preemption_watcher"):
+        record = ProcessRecord.load(run / f"{service}.json")
+        assert record is not None
+        kill_node(record)  # SIGKILL, the whole session at once
+    for pid in session_processes(node.record.pid):
+        if pid != node.record.pid:
+            os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 20
+    while (
+        end := nodes.recorded_end(node.name)
+    ) is None or end.source is not NodeEndSource.RECORDED:
+        assert time.monotonic() < deadline, "the keeper never recorded the node's exit"
+        time.sleep(0.1)
+    time.sleep(1)  # the restart comes well after the end
+    again = spotrain(env, "up")
+    assert again.returncode == 0, again.stderr + again.stdout
+    settings = BusSettings(nats_url=env["SPOTRAIN_NATS_URL"])
+    released = asyncio.run(released_event(settings, node.name, deadline_s=30))
+    assert released.reason is ReleaseReason.GONE_WHILE_UNWATCHED
+    assert released.end_source is NodeEndSource.RECORDED
+    assert released.released_at == end.at
+
+
+async def released_event(settings: BusSettings, node: str, *, deadline_s: float) -> NodeReleased:
+    deadline = time.monotonic() + deadline_s
+    async with await SpotrainClient.connect(settings) as client:
+        while True:
+            for event in await client.cost_events():
+                if isinstance(event.data, NodeReleased) and event.data.node == node:
+                    return event.data
+            assert time.monotonic() < deadline, f"{node} was never closed on the ledger"
+            await asyncio.sleep(0.5)
 
 
 def test_up_refuses_a_port_that_another_process_holds(home: Path) -> None:

@@ -17,6 +17,8 @@ from shared.localstack.processes import is_running, session_processes, spawn
 
 
 def kept(folder: NodeFolder, name: str, argv: list[str]) -> LocalNode:
+    """A node under its keeper, recorded in the folder as the local provider records it."""
+    folder.describe(name, "cpu", "on-demand")
     keeper = [sys.executable, node_keeper.__file__]
     files = [str(folder.alive_file(name)), str(folder.ended_file(name))]
     record = spawn(
@@ -25,7 +27,9 @@ def kept(folder: NodeFolder, name: str, argv: list[str]) -> LocalNode:
         log_path=folder.path / f"{name}.log",
         env=os.environ,
         cwd=folder.path,
+        detached=True,
     )
+    record.save(folder.path / f"{name}.json")
     deadline = time.monotonic() + 10
     while not folder.alive_file(name).exists():
         assert time.monotonic() < deadline, "the keeper never stamped the node alive"
