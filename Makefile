@@ -54,6 +54,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/scaler.py
 	$(BIN)/python bench/scaler_trace.py
 	$(BIN)/python bench/cost_meter.py
+	$(BIN)/python bench/cost_truth.py
 	$(BIN)/python bench/deadline.py
 	$(BIN)/python bench/spot_market.py
 

@@ -158,8 +158,7 @@ async def reconcile(deps: Deps) -> ScalePlan:
             if pool_plan.target > pool_plan.current:
                 pool = by_pool[pool_plan.pool]
                 launched = await deps.provider.launch(pool, pool_plan.target - pool_plan.current)
-                for name in launched:
-                    await _node_launched(deps, name, pool, deps.clock.now())
+                await _announce_launches(deps, pool, launched)
             else:
                 for name in decided.release:
                     if any(n.name == name and n.pool == pool_plan.pool for n in provided):
@@ -265,6 +264,17 @@ async def _announce_node_lifetimes(
             seen={name: deps.last_seen[name] for name in sorted(deps.billed_nodes)},
         )
     )
+
+
+async def _announce_launches(deps: Deps, pool: PoolSpec, names: Sequence[str]) -> None:
+    """Billed from when the provider says each started (a node that takes a while to
+    start bills from its start, not from when the launch call returned)."""
+    if not names:
+        return
+    now = deps.clock.now()
+    started = {node.name: node.launched_at for node in await deps.provider.nodes()}
+    for name in names:
+        await _node_launched(deps, name, pool, started.get(name, now))
 
 
 async def _node_launched(deps: Deps, name: str, pool: PoolSpec, launched_at: datetime) -> None:
