@@ -210,6 +210,18 @@ def report(m: Measured) -> None:
     closed = [e.data for e in m.stored if isinstance(e.data, NodeReleased)]
     reasons = {r.value: sum(1 for c in closed if c.reason is r) for r in ReleaseReason}
     print(f"nodes: {len(m.watch.lives)}; their ends on the bus: {reasons}")
+    billed = {b.node: b.node_seconds for b in ledger(m.stored, now=m.now).attribution.bills}
+    ends = {c.node: c for c in closed}
+    header = f"{'node':14}{'closed as':22}{'end known from':16}"
+    print(f"{header}{'lived s':>10}{'billed s':>10}{'diff s':>9}")
+    for name, life in sorted(m.watch.lives.items()):
+        lived = seconds((life.ended or m.now) - life.started)
+        end = ends.get(name)
+        print(
+            f"{name:14}{end.reason.value if end else 'open':22}"
+            f"{end.end_source.value if end else '-':16}{float(lived):>10.3f}"
+            f"{float(billed.get(name, 0)):>10.3f}{float(billed.get(name, 0) - lived):>9.3f}"
+        )
     print(f"{'':28}{'ledger':>14}{'baseline':>14}")
     print(f"{'total, $':28}{float(m.total):>14.6f}{float(m.base):>14.6f}")
     print(f"{'provider (lived), $':28}{float(truth):>14.6f}{float(truth):>14.6f}")

@@ -77,9 +77,11 @@ def _provider(settings: ScalerSettings, stack: AsyncExitStack) -> PoolProvider:
         # Imported here: the Google and Kubernetes clients come with the `cloud` extra only.
         from services.scaler.adapters.gke import (  # noqa: PLC0415
             ClusterRef,
+            ComputeOperationRecords,
             GkePoolProvider,
             KubernetesNodeDirectory,
             connect_cluster_manager,
+            connect_compute_operations,
         )
 
         # ScalerSettings refuses the gke provider without these.
@@ -96,6 +98,10 @@ def _provider(settings: ScalerSettings, stack: AsyncExitStack) -> PoolProvider:
             node_pools=settings.gke_node_pools,
             directory=KubernetesNodeDirectory(),
             clock=SystemClock(),
+            records=ComputeOperationRecords(
+                connect_compute_operations(settings.gke_compute_api_endpoint),
+                settings.gke_project,
+            ),
         )
     if settings.provider == "kuberay":
         # Imported here: the Kubernetes client comes with the `cloud` extra only.

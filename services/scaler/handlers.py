@@ -26,7 +26,7 @@ from services.scaler.ports import (
 from shared.clock import Clock
 from shared.cost import CostFold, attributed, on_demand_counterpart
 from shared.cost.attribution import SettledMemo
-from shared.cost.node_ends import OpenNode, best_end, closings, node_history
+from shared.cost.node_ends import OpenNode, best_end, node_history
 from shared.events import Event, EventData, new_event, node_event_id
 from shared.events.data import (
     JobCancelled,
@@ -72,6 +72,8 @@ class Deps:
     billed_nodes: dict[str, OpenNode] = field(default_factory=dict)
     """Nodes open on the ledger (announced launched, by this process or one before it, and
     not ended) that the provider lists."""
+    unwatched: set[str] = field(default_factory=set)
+    """Billed nodes that were already gone when this process started."""
     last_seen: dict[str, datetime] = field(default_factory=dict)
     """When each billed node was last listed by the provider: where its billing ends if it
     goes unrecorded."""
@@ -199,32 +201,22 @@ async def reconcile(deps: Deps) -> ScalePlan:
     return decided
 
 
-async def _close_unwatched(deps: Deps, provided: Sequence[ProvidedNode]) -> None:
-    """At start: take over the nodes open on the ledger, and close those that stopped while
-    no scaler watched, at their best known end (never now). A failure leaves it to the
-    next pass."""
+async def _take_over(deps: Deps, provided: Sequence[ProvidedNode]) -> None:
+    """At start: every node open on the ledger becomes this process's to close, those the
+    provider no longer lists marked as gone while no scaler watched. A failure leaves it
+    to the next pass."""
     history = node_history(await deps.history.node_events())
     board = await deps.status.sightings()
     seen = dict(board.seen) if board is not None else {}
     listed = {node.name for node in provided}
-    gone = [node.node for node in history.open if node.node not in listed]
-    recorded = await deps.provider.ended(gone) if gone else {}
-    for closing in closings(history.open, running=listed, recorded=recorded, last_seen=seen):
-        await _node_released(
-            deps,
-            closing.node,
-            closing.pool,
-            ReleaseReason.GONE_WHILE_UNWATCHED,
-            at=closing.end.at,
-            source=closing.end.source,
-        )
     for node in history.open:
-        if node.node in listed:
-            deps.billed_nodes[node.node] = node
-            deps.last_seen[node.node] = seen.get(node.node, node.launched_at)
+        deps.billed_nodes[node.node] = node
+        deps.last_seen[node.node] = seen.get(node.node, node.launched_at)
+        if node.node not in listed:
+            deps.unwatched.add(node.node)
     deps.ended_nodes |= history.ended & listed
     deps.recovered = True
-    log.info("nodes.recovered", open=len(deps.billed_nodes), closed=len(gone))
+    log.info("nodes.taken_over", open=len(history.open), gone=len(deps.unwatched))
 
 
 async def _announce_node_lifetimes(
@@ -236,7 +228,7 @@ async def _announce_node_lifetimes(
     the scaler did not release, is gone (preempted, deleted by hand), and ends where the
     provider recorded its end, else where it was last listed."""
     if not deps.recovered:
-        await _close_unwatched(deps, provided)
+        await _take_over(deps, provided)
     listed = {node.name for node in provided}
     for node in provided:
         if node.name in deps.billed_nodes or node.name in deps.ended_nodes:
@@ -247,13 +239,20 @@ async def _announce_node_lifetimes(
             continue
         await _node_launched(deps, node.name, pool, node.launched_at)
     gone = sorted(name for name in deps.billed_nodes if name not in listed)
-    recorded = await deps.provider.ended(gone) if gone else {}
+    try:
+        recorded = await deps.provider.ended(gone) if gone else {}
+    except OSError as error:
+        # Closed at a guess, a node could never be closed right: it waits for the record
+        # (billed meanwhile up to its last sighting, no further).
+        log.warning("nodes.end_records_unreadable", nodes=len(gone), error=str(error))
+        gone = []
     for name in gone:
         billed = deps.billed_nodes[name]
         end = best_end(billed, recorded=recorded.get(name), last_seen=deps.last_seen.get(name))
-        await _node_released(
-            deps, name, billed.pool, ReleaseReason.GONE, at=end.at, source=end.source
+        reason = (
+            ReleaseReason.GONE_WHILE_UNWATCHED if name in deps.unwatched else ReleaseReason.GONE
         )
+        await _node_released(deps, name, billed.pool, reason, at=end.at, source=end.source)
     for name in deps.billed_nodes.keys() & listed:
         deps.last_seen[name] = seen_at
     deps.ended_nodes &= listed
@@ -319,6 +318,7 @@ async def _node_released(
     await _publish(deps, released, event_id=node_event_id("released", name))
     deps.billed_nodes.pop(name, None)
     deps.last_seen.pop(name, None)
+    deps.unwatched.discard(name)
     deps.ended_nodes.add(name)
     metrics.NODES_RELEASED.labels(pool, reason.value).inc()
     log.info("node.released", node=name, pool=pool, reason=reason.value)

@@ -4,25 +4,30 @@ local fake of the GKE API; Kubernetes' node list is a fake `NodeDirectory`."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from pydantic import ValidationError
 
 from services.scaler.adapters.gke import (
     ClusterRef,
+    ComputeOperationRecords,
     GkeError,
     GkePoolProvider,
     KubeNode,
     NodePoolAutoscaledError,
     NodePoolNotFoundError,
     connect_cluster_manager,
+    connect_compute_operations,
     per_zone_count,
 )
 from services.scaler.model import PoolSpec
 from services.scaler.settings import ScalerSettings
+from shared.cost.node_ends import NodeEnd
+from shared.events.data import NodeEndSource
 from shared.events.types import CapacityClass
 from tests.fakes.clock import FixedClock
+from tests.fakes.compute_server import MAX_PAGE, FakeCompute, FakeOperation, serve_fake_compute
 from tests.fakes.gke_server import FakeGke, FakeNodePool, serve_fake_gke
 
 pytestmark = pytest.mark.integration
@@ -274,3 +279,49 @@ def test_settings_refuse_an_incomplete_gke_provider() -> None:
     """Choosing gke without naming the cluster fails at start, naming what is missing."""
     with pytest.raises(ValidationError, match="SPOTRAIN_SCALER_GKE_CLUSTER"):
         ScalerSettings(provider="gke", gke_project="proj", gke_location="europe-west4")
+
+
+@pytest.fixture
+def compute() -> Iterator[FakeCompute]:
+    fake = FakeCompute(project="proj", zones=ZONES)
+    with serve_fake_compute(fake) as served:
+        yield served
+
+
+async def test_the_end_of_a_vm_is_compute_engines_record_of_its_preemption_or_deletion(
+    gke: FakeGke, directory: FakeNodeDirectory, clock: FixedClock, compute: FakeCompute
+) -> None:
+    """Through the real GlobalOperationsClient, over pages: the first of a VM's preemption
+    and deletion, only for the VMs asked about, nothing for one with no record."""
+    at = datetime(2026, 12, 1, 10, 0, tzinfo=UTC)
+    compute.operations = [
+        FakeOperation(ZONES[0], "compute.instances.preempted", "gke-spot-a1", at),
+        FakeOperation(ZONES[0], "delete", "gke-spot-a1", at + timedelta(seconds=40)),
+        FakeOperation(ZONES[1], "delete", "gke-spot-b1", at + timedelta(minutes=5)),
+        FakeOperation(ZONES[2], "compute.instances.preempted", "someone-elses-vm", at),
+        FakeOperation(ZONES[2], "delete", "gke-spot-c1", at, status="RUNNING"),
+        *(FakeOperation(ZONES[2], "delete", f"old-{i}", at) for i in range(MAX_PAGE + 3)),
+    ]
+    records = ComputeOperationRecords(connect_compute_operations(compute.endpoint), "proj")
+    provider = GkePoolProvider(
+        client=connect_cluster_manager(gke.endpoint),
+        cluster=ClusterRef(project="proj", location="europe-west4", cluster="train"),
+        node_pools=NODE_POOLS,
+        directory=directory,
+        clock=clock,
+        records=records,
+    )
+    ends = await provider.ended(["gke-spot-a1", "gke-spot-b1", "gke-spot-c1", "never-seen"])
+    assert ends == {
+        "gke-spot-a1": NodeEnd(at, NodeEndSource.RECORDED),
+        "gke-spot-b1": NodeEnd(at + timedelta(minutes=5), NodeEndSource.RECORDED),
+    }
+    assert len(compute.requests) == 2, "two pages"
+    assert compute.requests[0]["filter"] == [ComputeOperationRecords.FILTER]
+
+
+def test_an_unreadable_record_is_a_gke_error(compute: FakeCompute) -> None:
+    """A filter the API refuses, or a project it does not know: an OSError, said once."""
+    records = ComputeOperationRecords(connect_compute_operations(compute.endpoint), "other")
+    with pytest.raises(GkeError, match="Compute operations of project other"):
+        records.ended(["n"])

@@ -209,3 +209,27 @@ async def test_an_on_demand_node_is_its_own_baseline(deps: Deps) -> None:
         "gpu-on-demand",
         1.7,
     )
+
+
+async def test_a_node_whose_end_record_cannot_be_read_waits_for_it(
+    deps: Deps, cluster: FakeCluster, clock: FixedClock
+) -> None:
+    """Closed at a guess, a node could never be closed right: the pass leaves it open
+    (billed up to its last sighting) and the next one closes it at its record."""
+    await queue_job(deps)
+    await reconcile(deps)
+    clock.advance(timedelta(seconds=30))
+    cluster.stop("gpu-spot-1")
+    unreadable = cluster.ended
+
+    async def failing(nodes: Any) -> Any:
+        raise OSError("compute API: 503")
+
+    cluster.ended = failing  # type: ignore[method-assign]
+    clock.advance(timedelta(seconds=5))
+    await reconcile(deps)
+    assert [d for _, d in node_events(deps) if isinstance(d, NodeReleased)] == []
+    cluster.ended = unreadable  # type: ignore[method-assign]
+    await reconcile(deps)
+    [released] = [d for _, d in node_events(deps) if isinstance(d, NodeReleased)]
+    assert released.released_at == NOW + timedelta(seconds=30)

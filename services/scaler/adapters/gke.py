@@ -15,12 +15,14 @@ from google.api_core.client_options import ClientOptions
 from google.api_core.exceptions import GoogleAPIError, NotFound
 from google.auth.credentials import AnonymousCredentials
 from google.auth.exceptions import GoogleAuthError
+from google.cloud.compute_v1 import GlobalOperationsClient
 from google.cloud.container_v1 import ClusterManagerClient, NodePool
 
 from services.scaler.model import PoolSpec
 from services.scaler.ports import ProvidedNode
 from shared.clock import Clock
 from shared.cost.node_ends import NodeEnd
+from shared.events.data import NodeEndSource
 
 NODE_POOL_LABEL = "cloud.google.com/gke-nodepool"
 """The label GKE puts on every Kubernetes node with the name of its node pool."""
@@ -107,6 +109,61 @@ class KubernetesNodeDirectory:
         ]
 
 
+class InstanceRecords(Protocol):
+    """When VMs stopped, as the cloud recorded it. Synchronous (the provider calls it in a
+    thread); errors are `OSError`s; a VM it has no record of is left out."""
+
+    def ended(self, names: Collection[str]) -> dict[str, datetime]: ...
+
+
+class ComputeOperationRecords:
+    """`InstanceRecords` from Compute Engine's operations: a spot VM taken back leaves a
+    `compute.instances.preempted` operation, a deleted one (GKE shrinking its group, or by
+    hand) a `delete`, each with its `endTime`; the first of them is the VM's end.
+
+    Compute Engine keeps operations for a limited time (weeks, not months): a VM gone
+    before that has no record here, and the scaler falls back on its last sighting.
+    """
+
+    FILTER = '(operationType = "compute.instances.preempted") OR (operationType = "delete")'
+
+    def __init__(self, client: GlobalOperationsClient, project: str) -> None:
+        self._client = client
+        self._project = project
+
+    def ended(self, names: Collection[str]) -> dict[str, datetime]:
+        wanted = set(names)
+        ends: dict[str, datetime] = {}
+        try:
+            pages = self._client.aggregated_list(
+                request={"project": self._project, "filter": self.FILTER},
+                timeout=CALL_TIMEOUT_S,
+            )
+            for _zone, scoped in pages:
+                for operation in scoped.operations:
+                    name = operation.target_link.rsplit("/", 1)[-1]
+                    if name in wanted and operation.status.name == "DONE" and operation.end_time:
+                        at = datetime.fromisoformat(operation.end_time)
+                        ends[name] = min(ends.get(name, at), at)
+        except (GoogleAPIError, GoogleAuthError) as error:
+            msg = f"reading the Compute operations of project {self._project}: {error}"
+            raise GkeError(msg) from error
+        return ends
+
+
+def connect_compute_operations(api_endpoint: str | None = None) -> GlobalOperationsClient:
+    """As `connect_cluster_manager`, for the Compute API's operations."""
+    if api_endpoint is None:
+        return GlobalOperationsClient(transport="rest")
+    plain_http = api_endpoint.startswith("http://")
+    credentials = AnonymousCredentials() if plain_http else None  # type: ignore[no-untyped-call]
+    return GlobalOperationsClient(
+        credentials=credentials,
+        transport="rest",
+        client_options=ClientOptions(api_endpoint=api_endpoint),
+    )
+
+
 @dataclass(frozen=True)
 class ClusterRef:
     project: str
@@ -157,6 +214,8 @@ class GkePoolProvider:
       the Compute API's `instanceGroupManagers.deleteInstances` on the node's group.
     - What this provider set lives in memory: after a restart it starts from the nodes
       Kubernetes lists.
+    - `ended(nodes)` reads Compute Engine's record of when each VM stopped (its
+      preemption or deletion operation), through `records` when given.
     - Errors from Google or Kubernetes leave as `GkeError` (an `OSError`).
     """
 
@@ -168,7 +227,9 @@ class GkePoolProvider:
         node_pools: Mapping[str, str],
         directory: NodeDirectory,
         clock: Clock,
+        records: InstanceRecords | None = None,
     ) -> None:
+        self._records = records
         self._client = client
         self._cluster = cluster
         self._node_pools = dict(node_pools)
@@ -186,10 +247,12 @@ class GkePoolProvider:
         await asyncio.to_thread(self._release, node)
 
     async def ended(self, nodes: Collection[str]) -> dict[str, NodeEnd]:
-        """No record here: the VM's deletion or preemption time lives in the Compute
-        API's operations (`compute.instances.preempted`, `delete`), which this provider
-        does not read yet; the scaler falls back on its last sighting."""
-        return {}
+        """Compute Engine's record of each VM's end (see `ComputeOperationRecords`), when
+        this provider has one to read; GKE nodes are the VMs of the same name."""
+        if self._records is None or not nodes:
+            return {}
+        ends = await asyncio.to_thread(self._records.ended, nodes)
+        return {name: NodeEnd(at, NodeEndSource.RECORDED) for name, at in ends.items()}
 
     def _nodes(self) -> list[ProvidedNode]:
         provided = []
