@@ -3,6 +3,7 @@ clients (`spotrain ls`, `show`, notebooks) and dashboards."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from enum import StrEnum
 
 from pydantic import AwareDatetime, Field
@@ -115,3 +116,97 @@ class JobRecord(Frozen):
 
     def capacity_of(self, attempt: Attempt) -> CapacityClass:
         return attempt.capacity or self.request.capacity
+
+
+def deadline_refusal(*, now: datetime, deadline: datetime, estimate_s: float | None) -> str | None:
+    """Why a job with this deadline cannot be taken, with the arithmetic; None if it can.
+    Pure. On-demand capacity, never taken back, is the best case: a job whose estimate
+    does not fit before its deadline there fits nowhere."""
+    left_s = (deadline - now).total_seconds()
+    if left_s <= 0:
+        return f"the deadline {_moment(deadline)} has passed ({span_text(-left_s)} ago)"
+    if estimate_s is not None and estimate_s > left_s:
+        return (
+            f"the job needs {span_text(estimate_s)} at its estimate, but only {span_text(left_s)} "
+            f"remain until {_moment(deadline)}: even on on-demand, never preempted, it would "
+            f"end {span_text(estimate_s - left_s)} late"
+        )
+    return None
+
+
+class DeadlineBasis(StrEnum):
+    PACE = "pace"
+    """The running attempt's own reported pace (its ETA)."""
+    ESTIMATE = "estimate"
+    """The submitter's estimate, less the time the job has run."""
+    UNKNOWN = "unknown"
+
+
+class DeadlineOutlook(Frozen):
+    deadline: AwareDatetime
+    left_s: float
+    """Until the deadline; negative once past."""
+    needed_s: float | None
+    """Run time still needed, by `basis`."""
+    basis: DeadlineBasis
+    on_track: bool | None
+    """None when nothing says how long the job still needs."""
+
+
+def deadline_outlook(record: JobRecord, now: datetime) -> DeadlineOutlook | None:
+    """Whether a job with a deadline will make it, from what it said of its pace, else its
+    estimate; for a finished job, whether it did. None without a deadline. Pure."""
+    deadline = record.request.deadline
+    if deadline is None:
+        return None
+    left_s = (deadline - now).total_seconds()
+    if not record.is_active:
+        ended = max((a.ended_at for a in record.attempts if a.ended_at), default=record.updated_at)
+        done = record.state is JobState.SUCCEEDED
+        return DeadlineOutlook(
+            deadline=deadline,
+            left_s=left_s,
+            needed_s=0.0 if done else None,
+            basis=DeadlineBasis.PACE,
+            on_track=done and ended <= deadline,
+        )
+    attempt = record.current
+    if attempt is not None and attempt.eta_s is not None and attempt.state is AttemptState.RUNNING:
+        needed, basis = attempt.eta_s, DeadlineBasis.PACE
+    elif record.request.estimate_s is not None:
+        ran = sum(
+            ((a.ended_at or now) - a.started_at).total_seconds()
+            for a in record.attempts
+            if a.started_at is not None
+        )
+        needed, basis = max(0.0, record.request.estimate_s - ran), DeadlineBasis.ESTIMATE
+    else:
+        return DeadlineOutlook(
+            deadline=deadline,
+            left_s=left_s,
+            needed_s=None,
+            basis=DeadlineBasis.UNKNOWN,
+            on_track=None if left_s > 0 else False,
+        )
+    return DeadlineOutlook(
+        deadline=deadline, left_s=left_s, needed_s=needed, basis=basis, on_track=needed <= left_s
+    )
+
+
+def _moment(at: datetime) -> str:
+    return at.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def span_text(seconds: float) -> str:
+    """A duration in its two largest units: 42s, 5m12s, 3h07m, 2d04h."""
+    whole = round(seconds)
+    days, rest = divmod(whole, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}d{hours:02d}h"
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    if minutes:
+        return f"{minutes}m{secs:02d}s"
+    return f"{secs}s"

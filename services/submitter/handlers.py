@@ -229,7 +229,9 @@ async def _admit_alone(event: Event[JobRequested], deps: Deps) -> tuple[JobRecor
         for record, _ in await deps.store.all()
         if record.is_active and record.request.owner == request.owner
     )
-    decision = policy.admit(request, owner_gpus_in_use=in_use, quotas=deps.quotas)
+    decision = policy.admit(
+        request, owner_gpus_in_use=in_use, quotas=deps.quotas, now=deps.clock.now()
+    )
     record = policy.new_record(
         request,
         event.id,

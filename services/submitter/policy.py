@@ -36,6 +36,7 @@ from shared.events.data import (
     RejectionReason,
 )
 from shared.events.types import Bundle, Frozen
+from shared.jobs import deadline_refusal
 from shared.resources import NODE_LABEL, RESOURCE_PER_JOB, capacity_resource
 
 
@@ -59,8 +60,21 @@ class Reject:
 Admission = Accept | Reject
 
 
-def admit(request: JobRequested, *, owner_gpus_in_use: int, quotas: Quotas) -> Admission:
-    """Accept a request within the quotas; otherwise say which limit and by how much."""
+def admit(
+    request: JobRequested,
+    *,
+    owner_gpus_in_use: int,
+    quotas: Quotas,
+    now: datetime,
+) -> Admission:
+    """Accept a request within the quotas and with a deadline it can meet; otherwise say
+    which limit, and by how much."""
+    if request.deadline is not None:
+        refusal = deadline_refusal(
+            now=now, deadline=request.deadline, estimate_s=request.estimate_s
+        )
+        if refusal is not None:
+            return Reject(RejectionReason.DEADLINE_UNREACHABLE, refusal)
     gpus = request.worker.gpus * request.num_workers
     if gpus > quotas.max_gpus_per_job:
         return Reject(

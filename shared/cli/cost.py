@@ -14,7 +14,7 @@ import typer
 from rich.table import Table
 
 from shared.cli.console import CliError, err, out
-from shared.cli.jobs import duration_s, format_duration
+from shared.cli.jobs import duration_s
 from shared.client import SpotrainClient
 from shared.cost import (
     CostRow,
@@ -39,6 +39,7 @@ from shared.cost.billing_export import (
     reconcile,
 )
 from shared.cost.node_ends import Unaccounted, node_history, unaccounted
+from shared.jobs import span_text
 from shared.pools import billed_up_to
 
 
@@ -142,7 +143,7 @@ def _warn_unaccounted(nodes: list[Unaccounted]) -> None:
     longest = max(n.for_s for n in nodes)
     err.print(
         f"[yellow]{len(nodes)} node(s) open on the ledger have not been seen for up to "
-        f"{format_duration(longest)}: billed only up to when each was last seen "
+        f"{span_text(longest)}: billed only up to when each was last seen "
         "(see `spotrain cost --check`)[/]"
     )
 
@@ -161,7 +162,7 @@ def _print_check(view: _View, *, as_json: bool) -> None:
                 n.pool,
                 f"{n.launched_at.astimezone():%Y-%m-%d %H:%M:%S}",
                 f"{n.last_seen.astimezone():%Y-%m-%d %H:%M:%S}",
-                format_duration(n.for_s),
+                span_text(n.for_s),
             )
         out.print(table)
         out.print(

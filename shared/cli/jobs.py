@@ -11,7 +11,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
@@ -26,7 +26,7 @@ from shared.cost import CostRow, format_usd, job_costs
 from shared.events import Event, EventData
 from shared.events.data import JobFailed, JobProgress, JobRejected, JobRequested
 from shared.events.types import Bundle, CapacityClass
-from shared.jobs import JobRecord
+from shared.jobs import JobRecord, deadline_outlook, deadline_refusal, span_text
 from shared.workspace import WorkspaceError
 
 T = TypeVar("T")
@@ -77,6 +77,20 @@ def submit(  # noqa: PLR0917  # a typer command: its options are its parameters
     wait: Annotated[
         bool, typer.Option(help="Follow the job to its end; exit 1 if it fails.")
     ] = False,
+    deadline: Annotated[
+        str | None,
+        typer.Option(
+            help="When the result is needed, an ISO time (local time if it names no zone), "
+            "e.g. 2026-12-02T09:00: spot or on-demand is chosen so that it ends before."
+        ),
+    ] = None,
+    within: Annotated[
+        str | None, typer.Option(help="The deadline as a duration from now: 12h, 90m.")
+    ] = None,
+    estimate: Annotated[
+        str | None,
+        typer.Option(help="Expected run time, uninterrupted (6h), until the job says its pace."),
+    ] = None,
 ) -> None:
     """Submit a training job; prints its id on the last line."""
     if not workdir.is_dir():
@@ -85,7 +99,14 @@ def submit(  # noqa: PLR0917  # a typer command: its options are its parameters
     # The options by name, as click parsed them: the notebook magics build from the same.
     fields = request_fields(context.params, entrypoint)
     # Validate before anything is uploaded: a bad value costs nothing.
-    build_request(fields)
+    request = build_request(fields)
+    if request.deadline is not None:
+        # The submitter refuses it too (any tool may publish); here it costs no upload.
+        refusal = deadline_refusal(
+            now=datetime.now(UTC), deadline=request.deadline, estimate_s=request.estimate_s
+        )
+        if refusal is not None:
+            raise CliError(f"refused: {refusal}", 2)
 
     async def go() -> int:
         async with await SpotrainClient.connect() as client:
@@ -122,6 +143,8 @@ def list_jobs(
     records, costs = _run(lambda: _with_client(go))
     me = current_user()
     now = datetime.now(UTC)
+    shown = [record for record in records if everyone or record.request.owner == me]
+    with_deadlines = any(record.request.deadline is not None for record in shown)
     rows = [
         (
             record.job_id,
@@ -131,18 +154,18 @@ def list_jobs(
             str(record.gpus),
             _age(now - record.accepted_at),
             format_usd(costs[record.job_id].cost_usd) if record.job_id in costs else "-",
+            *([_deadline_cell(record, now)] if with_deadlines else []),
             record.request.experiment or "",
             record.request.owner,
         )
-        for record in records
-        if everyone or record.request.owner == me
+        for record in shown
     ]
     table = Table()
+    columns: tuple[str, ...] = ("job", "state", "attempt", "capacity", "GPUs", "age", "cost")
+    columns += ("deadline",) if with_deadlines else ()
     # Job, state and cost are what users read and copy: never cut them on a narrow terminal;
     # the other columns give way first.
-    for index, name in enumerate(
-        ("job", "state", "attempt", "capacity", "GPUs", "age", "cost", "experiment", "owner")
-    ):
+    for index, name in enumerate((*columns, "experiment", "owner")):
         keep = name in ("job", "state", "cost")
         widest = max((len(row[index]) for row in rows), default=0)
         table.add_column(name, no_wrap=keep, min_width=max(widest, len(name)) if keep else None)
@@ -164,6 +187,8 @@ def show(job_id: str) -> None:
     if record is not None:
         out.print_json(record.model_dump_json(exclude={"request": {"env"}}))
     out.print(_cost_line(spent))
+    if record is not None and record.request.deadline is not None:
+        out.print(_deadline_line(record, datetime.now(UTC)))
     table = Table("time", "event", "source", "details")
     for event in history:
         data = event.data.model_dump(mode="json", exclude={"job_id", "entrypoint", "env"})
@@ -249,6 +274,7 @@ def request_fields(params: Mapping[str, Any], entrypoint: list[str]) -> dict[str
         CapacityClass.SPOT if spot else CapacityClass.ON_DEMAND if on_demand else CapacityClass.ANY
     )
     every = params["checkpoint_every"]
+    estimate = params.get("estimate")
     return {
         "job_id": params["job_id"] or new_job_id(entrypoint),
         "owner": current_user(),
@@ -268,7 +294,23 @@ def request_fields(params: Mapping[str, Any], entrypoint: list[str]) -> dict[str
         "labels": _pairs(list(params["label"] or []), "--label"),
         "env": _pairs(list(params["env"] or []), "--env"),
         "pip": tuple(params["pip"] or ()),
+        "deadline": _deadline(params.get("deadline"), params.get("within"), datetime.now(UTC)),
+        "estimate_s": duration_s(estimate) if estimate else None,
     }
+
+
+def _deadline(at: str | None, within: str | None, now: datetime) -> datetime | None:
+    if at is not None and within is not None:
+        raise CliError("choose one of --deadline, --within", 2)
+    if within is not None:
+        return now + timedelta(seconds=duration_s(within))
+    if at is None:
+        return None
+    try:
+        moment = datetime.fromisoformat(at)
+    except ValueError:
+        raise CliError(f"--deadline takes an ISO time (2026-12-02T09:00), not {at!r}", 2) from None
+    return moment if moment.tzinfo is not None else moment.astimezone()
 
 
 def script_entrypoint(script: str, args: list[str], workdir: Path) -> list[str]:
@@ -308,21 +350,6 @@ def duration_s(text: str) -> int:
         raise CliError(f"not a duration: {text!r} (use e.g. 90s, 10m, 2h)", 2)
     value, unit = match.groups()
     return int(value) * {"": 1, "s": 1, "m": 60, "h": 3600}[unit]
-
-
-def format_duration(seconds: float) -> str:
-    """The two largest units: 42s, 5m12s, 3h07m, 2d04h."""
-    whole = int(seconds)
-    days, rest = divmod(whole, 86400)
-    hours, rest = divmod(rest, 3600)
-    minutes, secs = divmod(rest, 60)
-    if days:
-        return f"{days}d{hours:02d}h"
-    if hours:
-        return f"{hours}h{minutes:02d}m"
-    if minutes:
-        return f"{minutes}m{secs:02d}s"
-    return f"{secs}s"
 
 
 def _run(factory: Callable[[], Awaitable[T]]) -> T:
@@ -455,6 +482,31 @@ def _cost_line(spent: CostRow | None) -> str:
         f"{format_usd(spent.waste_usd)} of it lost to preemptions, "
         f"{format_usd(spent.saving_vs_on_demand_usd)} saved against on-demand"
     )
+
+
+def _deadline_line(record: JobRecord, now: datetime) -> str:
+    outlook = deadline_outlook(record, now)
+    assert outlook is not None  # the caller checked that the job has a deadline
+    when = f"deadline: {outlook.deadline.astimezone():%Y-%m-%d %H:%M %Z}"
+    if not record.is_active:
+        return f"{when}, {'met' if outlook.on_track else 'missed'}"
+    left = f"in {span_text(outlook.left_s)}" if outlook.left_s > 0 else "passed"
+    if outlook.needed_s is None:
+        return f"{when}, {left}; on track: not known yet (no pace reported, no --estimate)"
+    needs = f"needs {span_text(outlook.needed_s)} at its {outlook.basis.value}"
+    return f"{when}, {left}; {'on track' if outlook.on_track else 'late'}: {needs}"
+
+
+def _deadline_cell(record: JobRecord, now: datetime) -> str:
+    outlook = deadline_outlook(record, now)
+    if outlook is None:
+        return ""
+    if not record.is_active:
+        return "met" if outlook.on_track else "[red]missed[/]"
+    left = span_text(max(outlook.left_s, 0))
+    if outlook.on_track is None:
+        return left
+    return left if outlook.on_track else f"[red]{left} late[/]"
 
 
 def _state(record: JobRecord) -> str:

@@ -70,6 +70,12 @@ class JobRequested(EventData):
         Field(default_factory=dict)
     )
     pip: Annotated[tuple[Annotated[str, Field(max_length=256)], ...], Field(max_length=64)] = ()
+    deadline: AwareDatetime | None = None
+    """When the result is needed: the platform picks spot or on-demand over the job's life
+    so that it ends before this, as cheaply as the deadline allows."""
+    estimate_s: Annotated[int, Field(ge=1, le=366 * 86_400)] | None = None
+    """The run time the submitter expects on uninterrupted capacity, until the job reports
+    its own pace."""
 
 
 class JobAccepted(EventData):
@@ -88,6 +94,8 @@ class RejectionReason(StrEnum):
     QUOTA_EXCEEDED = "quota-exceeded"
     DUPLICATE = "duplicate"
     UNSCHEDULABLE = "unschedulable"
+    DEADLINE_UNREACHABLE = "deadline-unreachable"
+    """Its deadline has passed, or its estimate does not fit before it even on on-demand."""
 
 
 class JobRejected(EventData):

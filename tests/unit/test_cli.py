@@ -26,6 +26,27 @@ from tests.cli import spotrain
         ),
         pytest.param(["preempt", "--notice", "soon"], "not a duration: 'soon'", id="bad-duration"),
         pytest.param(["preempt"], "name a node, or pass --random", id="no-node"),
+        pytest.param(
+            ["submit", "echo", "--within", "1h", "--estimate", "2h"],
+            "refused: the job needs 2h00m at its estimate, but only 1h00m remain until",
+            id="deadline-shorter-than-the-estimate",
+        ),
+        pytest.param(
+            ["submit", "echo", "--deadline", "2020-01-01T00:00+00:00"],
+            "refused: the deadline 2020-01-01 00:00 UTC has passed",
+            id="deadline-past",
+        ),
+        pytest.param(
+            ["submit", "echo", "--deadline", "tomorrow"],
+            "--deadline takes an ISO time (2026-12-02T09:00), not 'tomorrow'",
+            id="deadline-unreadable",
+        ),
+        pytest.param(
+            ["submit", "echo", "--deadline", "2030-01-01T00:00+00:00", "--within", "1h"],
+            "choose one of --deadline, --within",
+            id="deadline-twice",
+        ),
+        pytest.param(["submit", "echo", "--estimate", "soon"], "not a duration", id="estimate"),
     ],
 )
 def test_a_bad_argument_gets_one_line_and_exit_2(args: list[str], message: str) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,13 @@ from services.submitter.model import RayJobState
 from services.submitter.policy import Quotas
 from shared.checkpoints import ProgressReport
 from shared.events import decode, new_event
-from shared.events.data import InterruptionCause, JobCancelRequested, JobFailed, JobResumed
+from shared.events.data import (
+    InterruptionCause,
+    JobCancelRequested,
+    JobFailed,
+    JobResumed,
+    RejectionReason,
+)
 from shared.events.types import CapacityClass
 from shared.messaging import Unhandleable
 from shared.messaging.memory import InMemoryBus
@@ -76,6 +83,21 @@ async def test_a_request_over_quota_is_rejected_with_the_reason(deps: Deps) -> N
     [(kind, rejected)] = published(deps)
     assert kind == "rejected"
     assert rejected.detail == "the job asks for 8 GPUs; the limit per job is 4"
+    assert ray(deps).submitted == []
+
+
+async def test_a_deadline_that_cannot_be_met_is_rejected_and_nothing_is_queued(
+    deps: Deps,
+) -> None:
+    """Any tool may publish the request: the submitter does the arithmetic too."""
+    now = deps.clock.now()
+    request = job_requested("job-late", deadline=now + timedelta(hours=2), estimate_s=3 * 3600)
+    await on_job_requested(request, deps)
+    [(kind, rejected)] = published(deps)
+    assert kind == "rejected"
+    assert rejected.reason is RejectionReason.DEADLINE_UNREACHABLE
+    assert "needs 3h00m at its estimate, but only 2h00m remain" in rejected.detail
+    assert "it would end 1h00m late" in rejected.detail
     assert ray(deps).submitted == []
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import shlex
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from hypothesis import given
@@ -49,7 +49,9 @@ def request(gpus: int = 1, workers: int = 1, **fields: object) -> JobRequested:
     ],
 )
 def test_admission_within_quotas(gpus: int, workers: int, in_use: int, expected: object) -> None:
-    decision = policy.admit(request(gpus, workers), owner_gpus_in_use=in_use, quotas=QUOTAS)
+    decision = policy.admit(
+        request(gpus, workers), owner_gpus_in_use=in_use, quotas=QUOTAS, now=NOW
+    )
     if isinstance(expected, Accept):
         assert decision == expected
     else:
@@ -58,7 +60,7 @@ def test_admission_within_quotas(gpus: int, workers: int, in_use: int, expected:
 
 
 def test_a_rejection_says_which_limit_and_by_how_much() -> None:
-    decision = policy.admit(request(4), owner_gpus_in_use=10, quotas=QUOTAS)
+    decision = policy.admit(request(4), owner_gpus_in_use=10, quotas=QUOTAS, now=NOW)
     assert decision == Reject(
         RejectionReason.QUOTA_EXCEEDED,
         "alice already holds 10 GPUs; with this job's 4 that is 14, over the limit of 12",
@@ -69,10 +71,46 @@ def test_a_rejection_says_which_limit_and_by_how_much() -> None:
 def test_an_accepted_job_never_takes_an_owner_past_the_quota(
     gpus: int, workers: int, in_use: int
 ) -> None:
-    decision = policy.admit(request(gpus, workers), owner_gpus_in_use=in_use, quotas=QUOTAS)
+    decision = policy.admit(
+        request(gpus, workers), owner_gpus_in_use=in_use, quotas=QUOTAS, now=NOW
+    )
     if isinstance(decision, Accept):
         assert decision.gpus <= QUOTAS.max_gpus_per_job
         assert in_use + decision.gpus <= QUOTAS.max_gpus_per_owner
+
+
+@pytest.mark.parametrize(
+    ("deadline_h", "estimate_h", "expected"),
+    [
+        pytest.param(12, 6, None, id="fits-with-room"),
+        pytest.param(12, None, None, id="no-estimate-nothing-to-check"),
+        pytest.param(6, 6, None, id="exactly-fits-on-on-demand"),
+        pytest.param(
+            4.2,
+            6,
+            "the job needs 6h00m at its estimate, but only 4h12m remain until "
+            "2026-11-30 16:12 UTC: even on on-demand, never preempted, it would end 1h48m late",
+            id="too-short-even-on-on-demand",
+        ),
+        pytest.param(
+            -0.5, None, "the deadline 2026-11-30 11:30 UTC has passed (30m00s ago)", id="past"
+        ),
+    ],
+)
+def test_a_deadline_that_cannot_be_met_is_refused_with_the_arithmetic(
+    deadline_h: float, estimate_h: float | None, expected: str | None
+) -> None:
+    req = request(2).model_copy(
+        update={
+            "deadline": NOW + timedelta(hours=deadline_h),
+            "estimate_s": round(estimate_h * 3600) if estimate_h is not None else None,
+        }
+    )
+    decision = policy.admit(req, owner_gpus_in_use=0, quotas=QUOTAS, now=NOW)
+    if expected is None:
+        assert decision == Accept(gpus=2)
+    else:
+        assert decision == Reject(RejectionReason.DEADLINE_UNREACHABLE, expected)
 
 
 def queued_record(req: JobRequested | None = None) -> JobRecord:
