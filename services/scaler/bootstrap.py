@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Mapping
 from contextlib import AsyncExitStack
 
 from services.scaler import metrics
@@ -20,9 +21,12 @@ from services.scaler.handlers import (
     measure_costs,
     reconcile,
 )
+from services.scaler.model import PoolSpec
 from services.scaler.ports import PoolProvider
 from services.scaler.settings import ScalerSettings
 from shared.clock import SystemClock
+from shared.events.types import CapacityClass
+from shared.localstack.market import MARKET_FILE, LocalMarket, MarketConfig, load_markets
 from shared.localstack.settings import LocalStackSettings
 from shared.messaging import EventBus, Subscription, bind_routes
 from shared.messaging.jetstream import JetStreamBus
@@ -120,9 +124,26 @@ def _provider(settings: ScalerSettings, stack: AsyncExitStack) -> PoolProvider:
         )
     local = LocalStackSettings(home=settings.local_home)
     return LocalPoolProvider(
+        markets=_local_markets(local, {p.name: p for p in settings.pools()}),
         gcs_address=settings.ray_gcs_address,
         state_dir=local.node_dir,
         log_dir=local.log_dir,
         env=os.environ,
         head_temp_dir=local.ray_temp_dir,
     )
+
+
+def _local_markets(
+    local: LocalStackSettings, pools: Mapping[str, PoolSpec]
+) -> dict[str, LocalMarket]:
+    """The spot markets `spotrain up --spot-market` set; none without it."""
+    path = local.run_dir / MARKET_FILE
+    if not path.exists():
+        return {}
+    markets = load_markets(MarketConfig.model_validate_json(path.read_text()))
+    for name in markets:
+        pool = pools.get(name)
+        if pool is None or pool.capacity is not CapacityClass.SPOT:
+            msg = f"{path}: {name} is not a spot pool of the pools file"
+            raise ValueError(msg)
+    return markets

@@ -22,8 +22,10 @@ from shared.cli.nats_config import register_nats_commands
 from shared.cli.top import register_top_command
 from shared.client import PlatformError
 from shared.localstack import stack
+from shared.localstack.market import check_market_pools
 from shared.localstack.settings import LocalStackSettings
 from shared.messaging.jetstream import BusAuthenticationError, BusPermissionError
+from shared.spot_traces import SpotMarketOption, parse_spot_market
 
 app = typer.Typer(
     name="spotrain",
@@ -45,13 +47,26 @@ def up(
     prometheus: Annotated[
         bool, typer.Option("--prometheus", help="Also run Prometheus, scraping services and Ray.")
     ] = False,
+    spot_market: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--spot-market",
+            metavar="POOL=FILE[,SPEEDUP]",
+            help="The spot pool follows a market trace (../shared/traces/spot), one trace "
+            "hour in 3600/SPEEDUP s: growth fails while it is stocked out, held nodes are "
+            "preempted with a notice when its count drops. Repeatable.",
+        ),
+    ] = None,
 ) -> None:
     """Start the local stack: NATS JetStream, a Ray head, the four services."""
+    markets = _spot_markets(spot_market or [])
     env = LocalStackSettings()  # a flag turns a setting on; without it the environment decides
     settings = LocalStackSettings(
         secure=secure or env.secure, prometheus=prometheus or env.prometheus
     )
-    statuses = stack.up(settings, progress=lambda line: err.print(f"[dim]{line}[/dim]"))
+    statuses = stack.up(
+        settings, progress=lambda line: err.print(f"[dim]{line}[/dim]"), markets=markets
+    )
     _print_statuses(statuses)
     out.print(
         f"stack is up; state in {settings.home}; export SPOTRAIN_NATS_URL={settings.nats_url}"
@@ -62,6 +77,15 @@ def up(
             f"secure bus: load the CLI's credentials with: set -a; . {cli_env}; set +a",
             soft_wrap=True,
         )
+
+
+def _spot_markets(values: list[str]) -> list[SpotMarketOption]:
+    try:
+        options = [parse_spot_market(value) for value in values]
+        check_market_pools(options)
+    except ValueError as error:
+        raise CliError(str(error), 2) from None
+    return options
 
 
 @app.command()

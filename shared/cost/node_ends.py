@@ -64,12 +64,15 @@ def node_history(events: Iterable[Event[Any]]) -> NodeHistory:
 
 
 def best_end(node: OpenNode, *, recorded: NodeEnd | None, last_seen: datetime | None) -> NodeEnd:
-    """The provider's record if it has one, else the last sighting, else the launch; never
-    before the launch (a clock skewed between machines must not make a negative life)."""
-    if recorded is not None:
+    """The provider's record of the end if it has one; else the latest sighting, the
+    provider's own (a last stamp) or the scaler's; else the launch. Never before the launch
+    (a clock skewed between machines must not make a negative life)."""
+    if recorded is not None and recorded.source is NodeEndSource.RECORDED:
         return NodeEnd(max(recorded.at, node.launched_at), recorded.source)
-    seen = max(last_seen, node.launched_at) if last_seen is not None else node.launched_at
-    return NodeEnd(seen, NodeEndSource.LAST_SEEN)
+    sightings = [node.launched_at]
+    sightings += [last_seen] if last_seen is not None else []
+    sightings += [recorded.at] if recorded is not None else []
+    return NodeEnd(max(sightings), NodeEndSource.LAST_SEEN)
 
 
 @dataclass(frozen=True)

@@ -16,12 +16,14 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
 
 from shared.localstack import prometheus
+from shared.localstack.market import MARKET_FILE, market_config
 from shared.localstack.nodes import NodeFolder
 from shared.localstack.processes import (
     ProcessRecord,
@@ -35,6 +37,7 @@ from shared.localstack.ray_nodes import NodePorts, node_env, node_temp_dir, ray_
 from shared.localstack.settings import LocalStackSettings
 from shared.messaging.settings import BusSettings
 from shared.natsauth import write_nats_config
+from shared.spot_traces import SpotMarketOption
 
 SERVICES = ("submitter", "scaler", "preemption_watcher", "checkpointer")
 
@@ -250,12 +253,27 @@ def _any_prometheus(settings: LocalStackSettings) -> str:
 Progress = Callable[[str], None]
 
 
-def up(settings: LocalStackSettings, progress: Progress = lambda _: None) -> list[ComponentStatus]:
-    """Start whatever part of the stack is not running and wait until all of it is healthy."""
+def up(
+    settings: LocalStackSettings,
+    progress: Progress = lambda _: None,
+    *,
+    markets: Sequence[SpotMarketOption] = (),
+) -> list[ComponentStatus]:
+    """Start whatever part of the stack is not running and wait until all of it is healthy.
+    `markets`: spot pools that follow a trace (see `shared.localstack.market`), read by the
+    scaler as it starts; a later `up` without them keeps them."""
     for directory in (settings.run_dir, settings.log_dir, settings.nats_store_dir):
         directory.mkdir(parents=True, exist_ok=True)
     parts = components(settings)
     to_start = [c for c in parts if _running_record(settings, c) is None]
+    if markets:
+        if not any(c.name == "scaler" for c in to_start):
+            msg = "the stack is up: `spotrain down` first, to start it with a spot market"
+            raise StackError(msg)
+        config = market_config(markets, datetime.now(UTC))
+        (settings.run_dir / MARKET_FILE).write_text(config.model_dump_json())
+        for option in markets:
+            progress(f"{option.pool} follows {option.file.name} at x{option.speedup:g}")
     _check_ports(to_start)
     if any(c.name == "prometheus" for c in to_start):
         prometheus.write_config(settings, SERVICES)
@@ -298,6 +316,7 @@ def down(settings: LocalStackSettings, progress: Progress = lambda _: None) -> l
             # Its leader is gone, but what it spawned may still run in its session.
             stop_session(record.pid, grace_s=1)
         path.unlink(missing_ok=True)
+    (settings.run_dir / MARKET_FILE).unlink(missing_ok=True)
     return stopped
 
 

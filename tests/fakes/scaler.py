@@ -52,12 +52,15 @@ class FakeCluster:
     async def ended(self, nodes: Collection[str]) -> dict[str, NodeEnd]:
         return {name: self.ends[name] for name in nodes if name in self.ends}
 
-    def stop(self, node: str, *, recorded: bool = True) -> None:
+    def stop(self, node: str, *, recorded: bool = True, stamped: datetime | None = None) -> None:
         """The node stops unasked (preempted, deleted, killed with its stack); the provider
-        records when, unless `recorded` is False (its record lost, or never kept)."""
+        records when, unless `recorded` is False (its record lost, or never kept); then it
+        may still have a last stamp of it alive (`stamped`)."""
         del self.launched[node]
         if recorded:
             self.ends[node] = NodeEnd(self._clock.now(), NodeEndSource.RECORDED)
+        elif stamped is not None:
+            self.ends[node] = NodeEnd(stamped, NodeEndSource.LAST_SEEN)
 
     async def observed(self) -> dict[str, ObservedNode]:
         return {

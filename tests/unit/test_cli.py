@@ -47,6 +47,21 @@ from tests.cli import spotrain
             id="deadline-twice",
         ),
         pytest.param(["submit", "echo", "--estimate", "soon"], "not a duration", id="estimate"),
+        pytest.param(
+            ["up", "--spot-market", "nope=tests/data/spot/tiny.json"],
+            "--spot-market nope: no such pool",
+            id="market-of-no-pool",
+        ),
+        pytest.param(
+            ["up", "--spot-market", "gpu-spot=tests/data/spot/tiny.json,0"],
+            "the speed-up must be above 0",
+            id="market-speedup-0",
+        ),
+        pytest.param(
+            ["up", "--spot-market", "gpu-spot=nowhere.json"],
+            "no trace file nowhere.json",
+            id="market-without-its-trace",
+        ),
     ],
 )
 def test_a_bad_argument_gets_one_line_and_exit_2(args: list[str], message: str) -> None:

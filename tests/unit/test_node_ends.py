@@ -78,7 +78,10 @@ NODE = OpenNode("n", "gpu-spot", NOW)
         ),
         pytest.param(None, at(-5), NodeEnd(NOW, LAST_SEEN), id="sighting-before-launch"),
         pytest.param(
-            NodeEnd(at(30), LAST_SEEN), at(60), NodeEnd(at(30), LAST_SEEN), id="provider-stamp"
+            NodeEnd(at(30), LAST_SEEN), at(60), NodeEnd(at(60), LAST_SEEN), id="later-sighting"
+        ),
+        pytest.param(
+            NodeEnd(at(70), LAST_SEEN), at(60), NodeEnd(at(70), LAST_SEEN), id="later-stamp"
         ),
     ],
 )

@@ -6,13 +6,16 @@ from __future__ import annotations
 import asyncio
 import shutil
 from collections.abc import Collection, Mapping
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+
+import structlog
 
 from services.scaler.model import PoolSpec
 from services.scaler.ports import ProvidedNode
 from shared.cost.node_ends import NodeEnd
-from shared.localstack.nodes import LocalNode, NodeFolder
+from shared.localstack.market import LocalMarket, room_to_grow, to_preempt
+from shared.localstack.nodes import LocalNode, NodeFolder, kill_node
 from shared.localstack.ports import free_port_block
 from shared.localstack.processes import ProcessRecord, is_running, stop_session
 from shared.localstack.ray_nodes import (
@@ -31,6 +34,8 @@ from shared.resources import (
     pool_resource,
 )
 
+log = structlog.get_logger()
+
 
 class LocalPoolProvider:
     def __init__(
@@ -41,6 +46,7 @@ class LocalPoolProvider:
         log_dir: Path,
         env: Mapping[str, str],
         head_temp_dir: Path | None = None,
+        markets: Mapping[str, LocalMarket] | None = None,
     ) -> None:
         self._gcs_address = gcs_address
         self._state_dir = state_dir
@@ -48,6 +54,7 @@ class LocalPoolProvider:
         self._log_dir = log_dir
         self._env = dict(env)
         self._head_temp_dir = head_temp_dir
+        self._markets = dict(markets or {})
 
     async def nodes(self) -> list[ProvidedNode]:
         return await asyncio.to_thread(self._nodes)
@@ -71,13 +78,54 @@ class LocalPoolProvider:
                     launched_at=launched_at,
                 )
             )
+        if self._markets:
+            gone = self._follow_markets(nodes)
+            nodes = [node for node in nodes if node.name not in gone]
         return nodes
+
+    def _follow_markets(self, nodes: list[ProvidedNode]) -> set[str]:
+        """What the market does to the nodes held: a notice to the newest past its count,
+        the kill at the notice's deadline (as `spotrain preempt` does). Returns the killed."""
+        now = datetime.now(UTC)
+        notices = {notice.node: notice for notice in self._folder.notices()}
+        killed = set()
+        for name, notice in notices.items():
+            node = next((n for n in nodes if n.name == name), None)
+            if node is None or node.pool not in self._markets or notice.deadline > now:
+                continue
+            record = ProcessRecord.load(self._state_dir / f"{name}.json")
+            if record is not None:
+                kill_node(record)
+            self._folder.record_end(name, datetime.now(UTC))
+            self._folder.withdraw_notice(name)
+            killed.add(name)
+            log.info("market.preempted", node=name, pool=node.pool)
+        for pool, market in self._markets.items():
+            held = [n.name for n in nodes if n.pool == pool and n.name not in killed]
+            noticed = [name for name in held if name in notices]
+            for name in to_preempt(market.available(now), held, noticed):
+                deadline = now + timedelta(seconds=market.notice_s)
+                self._folder.post_notice(name, deadline, now)
+                log.info("market.notice", node=name, pool=pool, deadline=deadline.isoformat())
+        return killed
 
     async def launch(self, pool: PoolSpec, count: int) -> list[str]:
         return await asyncio.to_thread(self._launch, pool, count)
 
     def _launch(self, pool: PoolSpec, count: int) -> list[str]:
         self._state_dir.mkdir(parents=True, exist_ok=True)
+        market = self._markets.get(pool.name)
+        if market is not None:
+            held = sum(1 for node in self._folder.running() if node.pool == pool.name)
+            available = market.available(datetime.now(UTC))
+            count = min(count, room_to_grow(available, held))
+            if count == 0:
+                # As GCE answers a spot request in a zone out of capacity.
+                msg = (
+                    f"ZONE_RESOURCE_POOL_EXHAUSTED: the {pool.name} spot market lets "
+                    f"{available} node(s) be held now, and {held} are"
+                )
+                raise OSError(msg)
         resources = {pool_resource(pool.name): RESOURCE_PER_NODE}
         if (capacity := capacity_resource(pool.capacity)) is not None:
             resources[capacity] = RESOURCE_PER_NODE

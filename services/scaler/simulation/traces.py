@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import json
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+from shared.spot_traces import SpotTrace, read_spot_trace
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,35 +58,4 @@ def read_trace(path: Path, limit: int | None = None) -> list[TraceJob]:
     return jobs
 
 
-@dataclass(frozen=True, slots=True)
-class SpotTrace:
-    """How many nodes of one spot pool could be held at each tick (the JSON of
-    `../shared/traces/spot`: `{"metadata": {"gap_seconds": G}, "data": [n0, n1, ...]}`)."""
-
-    name: str
-    gap_s: int
-    counts: tuple[int, ...]
-
-    @property
-    def hours(self) -> float:
-        return len(self.counts) * self.gap_s / 3600
-
-
-def read_spot_trace(path: Path) -> SpotTrace:
-    """A spot market trace; anything but the documented JSON is a ValueError naming the file."""
-    try:
-        document = json.loads(path.read_text())
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{path}: not JSON ({error.msg} at line {error.lineno})") from None
-    if not isinstance(document, dict):
-        raise ValueError(f"{path}: expected an object with 'metadata' and 'data'")
-    metadata, data = document.get("metadata"), document.get("data")
-    gap = metadata.get("gap_seconds") if isinstance(metadata, dict) else None
-    if isinstance(gap, bool) or not isinstance(gap, int | float) or gap <= 0 or gap != int(gap):
-        raise ValueError(f"{path}: metadata.gap_seconds must be a whole number of seconds > 0")
-    if not isinstance(data, list) or not data:
-        raise ValueError(f"{path}: data must be a non-empty list of node counts")
-    for i, count in enumerate(data):
-        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-            raise ValueError(f"{path}: data[{i}] is {count!r}, not a count of nodes (int >= 0)")
-    return SpotTrace(name=path.stem, gap_s=int(gap), counts=tuple(data))
+__all__ = ["SpotTrace", "TraceJob", "read_spot_trace", "read_trace", "with_deadlines"]
