@@ -193,6 +193,31 @@ def deadline_outlook(record: JobRecord, now: datetime) -> DeadlineOutlook | None
     )
 
 
+def work_left_s(record: JobRecord, now: datetime) -> float | None:
+    """Run time the job still needs, from where its current attempt starts (or stands): at
+    the pace its attempts last reported (seconds per step, from their ETA), else its
+    estimate less the time it has run; None when nothing says. Pure."""
+    current = record.current
+    paced = [
+        (a, a.eta_s, a.step, a.total_steps)
+        for a in record.attempts
+        if a.eta_s is not None and a.step is not None and a.total_steps and a.step < a.total_steps
+    ]
+    if paced:
+        last, eta_s, step, total = paced[-1]
+        if current is None or current is last:
+            return eta_s
+        return eta_s / (total - step) * max(0, total - current.from_step)
+    if record.request.estimate_s is None:
+        return None
+    ran = sum(
+        ((a.ended_at or now) - a.started_at).total_seconds()
+        for a in record.attempts
+        if a.started_at is not None
+    )
+    return max(0.0, record.request.estimate_s - ran)
+
+
 def _moment(at: datetime) -> str:
     return at.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
 

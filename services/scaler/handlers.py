@@ -98,6 +98,8 @@ async def on_job_queued(event: Event[JobQueued], deps: Deps) -> None:
             capacity=queued.capacity,
             priority=queued.priority,
             queued_at=event.time,
+            deadline=queued.deadline,
+            work_left_s=queued.work_left_s,
         )
     )
     gpus = sum(b.gpus for b in queued.bundles)

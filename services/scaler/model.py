@@ -86,13 +86,19 @@ class Demand(Frozen):
     capacity: CapacityClass
     priority: int = 5
     queued_at: AwareDatetime
+    deadline: AwareDatetime | None = None
+    work_left_s: float | None = None
+    """Run time still needed, at the job's pace or its estimate (None: not known)."""
 
 
 class ScalerConfig(Frozen):
     budget_per_hour_usd: Annotated[float, Field(ge=0)] = 50.0
     idle_timeout_s: Annotated[float, Field(ge=0)] = 300.0
     any_fallback_after_s: Annotated[float, Field(ge=0)] = 600.0
-    """An `any` job waiting this long for spot capacity may take on-demand nodes."""
+    """An `any` job waiting this long for spot capacity may take on-demand nodes (one with
+    a deadline and a known pace goes by the deadline policy instead)."""
+    pass_interval_s: Annotated[float, Field(gt=0)] = 2.0
+    """How often the scaler decides: the deadline policy's decision interval."""
     max_launch_per_pool: Annotated[int, Field(ge=1)] = 20
     """The most nodes one decision adds to one pool (the scale-up rate)."""
     settle_s: Annotated[float, Field(ge=0)] = 20.0

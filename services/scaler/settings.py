@@ -92,4 +92,5 @@ class ScalerSettings(RuntimeSettings):
             any_fallback_after_s=self.any_fallback_after_s,
             settle_s=self.settle_s,
             capacity_retry_after_s=self.capacity_retry_after_s,
+            pass_interval_s=self.reconcile_interval_s,
         )

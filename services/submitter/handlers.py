@@ -85,7 +85,8 @@ async def on_job_requested(event: Event[JobRequested], deps: Deps) -> None:
         JobAccepted(job_id=record.job_id, owner=request.owner, experiment=request.experiment),
         f"accepted-{record.job_id}",
     )
-    await _publish(deps, policy.queued_event(record, first), f"queued-{record.job_id}-1")
+    queued = policy.queued_event(record, first, deps.clock.now())
+    await _publish(deps, queued, f"queued-{record.job_id}-1")
     await _submit(record, first, deps)
     log.info("job.queued", owner=request.owner, gpus=record.gpus)
 

@@ -36,7 +36,7 @@ from shared.events.data import (
     RejectionReason,
 )
 from shared.events.types import Bundle, Frozen
-from shared.jobs import deadline_refusal
+from shared.jobs import deadline_refusal, work_left_s
 from shared.resources import NODE_LABEL, RESOURCE_PER_JOB, capacity_resource
 
 
@@ -136,7 +136,7 @@ def checkpoint_uri(checkpoint_root: str, job_id: str) -> str:
     return f"{checkpoint_root.rstrip('/')}/{job_id}"
 
 
-def queued_event(record: JobRecord, attempt: Attempt) -> JobQueued:
+def queued_event(record: JobRecord, attempt: Attempt, now: datetime) -> JobQueued:
     request = record.request
     return JobQueued(
         job_id=request.job_id,
@@ -144,6 +144,8 @@ def queued_event(record: JobRecord, attempt: Attempt) -> JobQueued:
         bundles=bundles_of(request),
         capacity=record.capacity_of(attempt),
         priority=request.priority,
+        deadline=request.deadline,
+        work_left_s=work_left_s(record, now) if request.deadline is not None else None,
     )
 
 
@@ -405,7 +407,7 @@ def resume(record: JobRecord, resumed: JobResumed, now: datetime) -> Transition:
             "updated_at": now,
         }
     )
-    queued = queued_event(moved, following)
+    queued = queued_event(moved, following, now)
     return Transition(
         Reason.RESUMED,
         moved,

@@ -120,6 +120,10 @@ class JobQueued(EventData):
     bundles: Annotated[tuple[Bundle, ...], Field(min_length=1, max_length=256)]
     capacity: CapacityClass
     priority: Annotated[int, Field(ge=0, le=9)]
+    deadline: AwareDatetime | None = None
+    """The job's deadline, if it has one: the scaler picks spot or on-demand to meet it."""
+    work_left_s: Annotated[float, Field(ge=0)] | None = None
+    """Run time the attempt still needs: at the job's reported pace, else its estimate."""
 
 
 class JobStarted(EventData):

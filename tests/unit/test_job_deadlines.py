@@ -15,6 +15,7 @@ from shared.jobs import (
     JobState,
     deadline_outlook,
     span_text,
+    work_left_s,
 )
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
@@ -129,3 +130,15 @@ def test_no_deadline_no_outlook() -> None:
 )
 def test_span_text(seconds: float, text: str) -> None:
     assert span_text(seconds) == text
+
+
+def test_work_left_comes_from_the_last_pace_then_the_estimate() -> None:
+    """A resumed attempt from step 400 of 1000, at the lost attempt's 2 s a step."""
+    lost = attempt(1, started_h=-1, ended_h=-0.5, state=AttemptState.LOST,
+                   step=500, total_steps=1000, eta_s=1000.0)  # fmt: skip
+    resumed = Attempt(number=2, submission_id="job-1-2", submitted_at=NOW, from_step=400)
+    assert work_left_s(record(attempts=(lost, resumed)), NOW) == 1200.0
+    assert work_left_s(record(attempts=(lost,)), NOW) == 1000.0
+    unpaced = attempt(1, started_h=-1, state=RUNNING)
+    assert work_left_s(record(estimate_h=3, attempts=(unpaced,)), NOW) == 2 * 3600
+    assert work_left_s(record(attempts=(unpaced,)), NOW) is None

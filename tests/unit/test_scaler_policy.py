@@ -123,6 +123,46 @@ def test_an_any_job_falls_back_to_on_demand_when_spot_is_full() -> None:
     assert [b.reason for b in decided.blocked] == [BlockedReason.POOL_AT_MAX]
 
 
+def with_deadline(waited_s: float, hours_left: float, work_h: float) -> Demand:
+    return demand(capacity=CapacityClass.ANY, waited_s=waited_s).model_copy(
+        update={"deadline": NOW + timedelta(hours=hours_left), "work_left_s": work_h * 3600}
+    )
+
+
+@pytest.mark.parametrize(
+    ("spot_full", "waited_s", "hours_left", "work_h", "on_demand"),
+    [
+        pytest.param(True, 600, 12, 4, False, id="slack-waits-for-spot-past-the-fixed-wait"),
+        pytest.param(True, 10, 4.1, 4, True, id="no-slack-takes-on-demand-at-once"),
+        pytest.param(True, 10, 4.5, 4, True, id="below-the-reserve-takes-on-demand"),
+        pytest.param(False, 10, 4.1, 4, False, id="spot-to-be-had-is-taken-even-when-tight"),
+        pytest.param(True, 10, 2, 4, True, id="late-anyway-runs-on-on-demand"),
+    ],
+)
+def test_an_any_job_with_a_deadline_falls_back_by_the_deadline_policy(
+    spot_full: bool, waited_s: float, hours_left: float, work_h: float, on_demand: bool
+) -> None:
+    """The same `policy.deadline` the simulator runs: not a fixed wait."""
+    full = [node(f"s{i}", SPOT, free_gpus=0) for i in range(4)] if spot_full else []
+    waiting = with_deadline(waited_s, hours_left, work_h)
+    grown = targets(full, [waiting])
+    assert (grown["gpu-od"] == 1) is on_demand
+    if not spot_full:
+        assert grown["gpu-spot"] == 1
+
+
+def test_a_deadline_job_waits_out_a_stock_out_while_its_slack_lasts() -> None:
+    """Every spot pool out of capacity sends a plain `any` job to on-demand; one with slack
+    to spare waits for spot instead, and takes on-demand once the slack runs low."""
+    unavailable = frozenset({"gpu-spot"})
+    relaxed = plan(POOLS, [], [with_deadline(10, 12, 4)], CONFIG, NOW, unavailable=unavailable)
+    assert relaxed.target("gpu-od") == 0
+    tight = plan(POOLS, [], [with_deadline(10, 4.5, 4)], CONFIG, NOW, unavailable=unavailable)
+    assert tight.target("gpu-od") == 1
+    plain = demand(capacity=CapacityClass.ANY, waited_s=10)
+    assert plan(POOLS, [], [plain], CONFIG, NOW, unavailable=unavailable).target("gpu-od") == 1
+
+
 def test_a_job_over_the_budget_is_blocked_and_takes_nothing() -> None:
     config = CONFIG.model_copy(update={"budget_per_hour_usd": 2.5})
     decided = plan(POOLS, [], [demand(gpus=2, workers=3)], config, NOW)

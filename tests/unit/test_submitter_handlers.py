@@ -101,6 +101,18 @@ async def test_a_deadline_that_cannot_be_met_is_rejected_and_nothing_is_queued(
     assert ray(deps).submitted == []
 
 
+async def test_a_deadline_job_is_queued_with_its_deadline_and_the_work_it_needs(
+    deps: Deps,
+) -> None:
+    """What the scaler's deadline policy decides from."""
+    deadline = deps.clock.now() + timedelta(hours=12)
+    request = job_requested("job-dl", deadline=deadline, estimate_s=6 * 3600)
+    await on_job_requested(request, deps)
+    queued = next(data for kind, data in published(deps) if kind == "queued")
+    assert queued.deadline == deadline
+    assert queued.work_left_s == 6 * 3600
+
+
 async def test_an_owners_running_jobs_count_against_the_next_request(deps: Deps) -> None:
     await on_job_requested(job_requested("job-a", worker={"gpus": 3}), deps)
     await on_job_requested(job_requested("job-b", worker={"gpus": 2}), deps)

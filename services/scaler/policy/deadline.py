@@ -246,3 +246,28 @@ def _decision(state: DeadlineState, run: Run, reason: DeadlineReason) -> Deadlin
     return DeadlineDecision.model_construct(
         run=run, reason=reason, slack_h=state.hours_left - state.work_left_h - state.overhead_left_h
     )
+
+
+def queued_decision(  # the facts a queued job's decision rests on
+    *,
+    hours_left: float,
+    work_left_h: float,
+    restart_overhead_h: float,
+    decision_interval_h: float,
+    spot_available: bool,
+    spot_price_ratio: float,
+) -> DeadlineDecision:
+    """`decide` for a job that waits for capacity, on what has been seen of spot so far
+    (the prior, until the platform keeps what it learns of each pool)."""
+    return decide(
+        DeadlineState(
+            hours_left=hours_left,
+            work_left_h=max(0.0, work_left_h),
+            running=Run.WAIT,
+            restart_overhead_h=max(0.0, restart_overhead_h),
+            decision_interval_h=decision_interval_h,
+            spot_available=spot_available,
+            spot_price_ratio=min(1.0, max(spot_price_ratio, 1e-6)),
+            outlook=outlook(WindowTally(), 0.0, restart_overhead_h),
+        )
+    )

@@ -24,6 +24,7 @@ from services.scaler.model import (
     ScalePlan,
     ScalerConfig,
 )
+from services.scaler.policy.deadline import Run, queued_decision
 from shared.events.types import Bundle, CapacityClass
 from shared.pools import PoolsStatus, PoolStatus
 
@@ -79,20 +80,23 @@ def eligible_pools(
     *,
     unavailable: frozenset[str] = frozenset(),
     risk: Mapping[str, float] | None = None,
+    spot_gone: frozenset[str] | None = None,
 ) -> list[PoolSpec]:
     """The pools a job may grow, cheapest first: spot for spot and `any` jobs, on-demand for
     on-demand jobs, and on-demand for an `any` job that has waited past the fallback time or
     finds every spot pool out of capacity. Pools out of capacity (`unavailable`) grow not.
     A pool's `risk` (what its preemptions and stock-outs have been seen to add to the cost
     of an hour on it, as a share of its price) counts against it: of two pools of one shape
-    in two zones, the one that takes nodes back less often goes first."""
+    in two zones, the one that takes nodes back less often goes first. `spot_gone`: the
+    spot pools a deadline job cannot get now (out of capacity, or full), for its policy;
+    `unavailable` by default."""
     allowed = {
         CapacityClass.SPOT: {CapacityClass.SPOT},
         CapacityClass.ON_DEMAND: {CapacityClass.ON_DEMAND},
         CapacityClass.ANY: {CapacityClass.SPOT}
         | (
             {CapacityClass.ON_DEMAND}
-            if _falls_back(demand, pools, config, now, unavailable)
+            if _falls_back(demand, pools, config, now, unavailable, spot_gone=spot_gone)
             else set()
         ),
     }[demand.capacity]
@@ -103,21 +107,58 @@ def eligible_pools(
     )
 
 
-def _falls_back(
+def _falls_back(  # what the decision looks at
+    demand: Demand,
+    pools: Sequence[PoolSpec],
+    config: ScalerConfig,
+    now: datetime,
+    unavailable: frozenset[str],
+    *,
+    spot_gone: frozenset[str] | None = None,
+) -> bool:
+    """Whether an `any` job may take on-demand capacity. With a deadline and a known pace:
+    when the deadline policy says so (and never just for having waited). Otherwise: it
+    waited long enough for spot, or spot capacity is failing in every spot pool."""
+    if demand.capacity is not CapacityClass.ANY:
+        return False
+    if demand.deadline is not None and demand.work_left_s is not None:
+        gone = unavailable if spot_gone is None else spot_gone
+        return _deadline_needs_on_demand(demand, pools, config, now, gone)
+    if (now - demand.queued_at).total_seconds() >= config.any_fallback_after_s:
+        return True
+    spot = [p.name for p in pools if p.capacity is CapacityClass.SPOT]
+    return bool(spot) and all(name in unavailable for name in spot)
+
+
+def _deadline_needs_on_demand(
     demand: Demand,
     pools: Sequence[PoolSpec],
     config: ScalerConfig,
     now: datetime,
     unavailable: frozenset[str],
 ) -> bool:
-    """Whether an `any` job may take on-demand capacity: it waited long enough for spot, or
-    spot capacity is failing in every spot pool."""
-    if demand.capacity is not CapacityClass.ANY:
+    assert demand.deadline is not None
+    assert demand.work_left_s is not None
+    # The pools that could hold one of its bundles: a CPU pool prices no GPU job.
+    fits = [p for p in pools if all(b.gpus <= p.gpus and b.cpus <= p.cpus for b in demand.bundles)]
+    spot = [p for p in fits if p.capacity is CapacityClass.SPOT]
+    on_demand = [p for p in fits if p.capacity is CapacityClass.ON_DEMAND]
+    if not on_demand:
         return False
-    if (now - demand.queued_at).total_seconds() >= config.any_fallback_after_s:
+    if not spot:
         return True
-    spot = [p.name for p in pools if p.capacity is CapacityClass.SPOT]
-    return bool(spot) and all(name in unavailable for name in spot)
+    cheapest_spot = min(p.price_per_hour_usd for p in spot)
+    cheapest_on_demand = min(p.price_per_hour_usd for p in on_demand)
+    decision = queued_decision(
+        hours_left=(demand.deadline - now).total_seconds() / 3600,
+        work_left_h=demand.work_left_s / 3600,
+        # A start costs a boot (the checkpoint's resume comes on top; not measured yet).
+        restart_overhead_h=min(p.boot_time_s for p in spot) / 3600,
+        decision_interval_h=config.pass_interval_s / 3600,
+        spot_available=any(p.name not in unavailable for p in spot),
+        spot_price_ratio=cheapest_spot / cheapest_on_demand if cheapest_on_demand else 1.0,
+    )
+    return decision.run is Run.ON_DEMAND
 
 
 @dataclass(eq=False, slots=True)
@@ -357,12 +398,21 @@ def plan(
     ordered = sorted(demands, key=attrgetter("job_id"))
     ordered.sort(key=attrgetter("queued_at"))
     ordered.sort(key=attrgetter("priority"), reverse=True)
+    # Spot that cannot be had for a deadline job: pools out of capacity, and pools at their
+    # limit with no room left on their nodes.
+    spot_full = unavailable | frozenset(
+        p.name
+        for p in pools
+        if p.capacity is CapacityClass.SPOT
+        and sizes[p.name] >= p.max_nodes
+        and not any(s.pool == p.name and s.gpus > 0 for s in slots)
+    )
     for demand in ordered:
-        waited = _falls_back(demand, pools, config, now, unavailable)
+        waited = _falls_back(demand, pools, config, now, unavailable, spot_gone=spot_full)
         choice = eligible.get((demand.capacity, waited))
         if choice is None:
             candidates = eligible_pools(
-                demand, pools, config, now, unavailable=unavailable, risk=risk
+                demand, pools, config, now, unavailable=unavailable, risk=risk, spot_gone=spot_full
             )
             choice = eligible[demand.capacity, waited] = _Eligible.of(candidates)
         outcome = _place(demand, choice, packing, config)
