@@ -3,7 +3,7 @@ real pool nodes, the stack is stopped twice with `spotrain down` and once by SIG
 every one of its processes at once, then started again and left a minute. The ledger's
 total (`spotrain cost`, through the SDK, exact) is set against the node lifetimes as they
 were lived: each node from its provider record (launch) to the moment its processes were
-gone, watched from outside every 20 ms.
+gone, watched from outside every 5 ms.
 
 The baseline, in the same run: the ledger as it was before it knew when nodes stopped
 unwatched (a node with no end billed up to now, and no end but the scaler's own releases):
@@ -69,7 +69,7 @@ class NodeWatch:
         self._thread.join()
 
     def _run(self) -> None:
-        while not self._stop.wait(0.02):
+        while not self._stop.wait(0.005):
             self.look()
 
     def look(self) -> None:

@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
 
-HEARTBEAT_S = 0.1
+HEARTBEAT_S = 0.05
 
 
 def _stay(_signum: int, _frame: FrameType | None) -> None:
