@@ -118,6 +118,8 @@ class Reason(StrEnum):
 
 class BlockedReason(StrEnum):
     NO_POOL_FITS = "no-pool-fits"
+    OUT_OF_CAPACITY = "out-of-capacity"
+    """Every pool the job may use failed its last growth (a stock-out): it waits."""
     POOL_AT_MAX = "pool-at-max"
     OVER_BUDGET = "over-budget"
     SETTLING = "settling"

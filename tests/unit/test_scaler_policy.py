@@ -163,6 +163,20 @@ def test_a_deadline_job_waits_out_a_stock_out_while_its_slack_lasts() -> None:
     assert plan(POOLS, [], [plain], CONFIG, NOW, unavailable=unavailable).target("gpu-od") == 1
 
 
+def test_a_job_whose_pools_are_all_stocked_out_says_so() -> None:
+    """Not "no spot pool is configured": there is one, out of capacity for now."""
+    decided = plan(POOLS, [], [demand(gpus=2)], CONFIG, NOW, unavailable=frozenset({"gpu-spot"}))
+    [blocked] = decided.blocked
+    assert blocked.reason is BlockedReason.OUT_OF_CAPACITY
+    assert blocked.pool == "gpu-spot"
+    assert blocked.detail == (
+        "every pool it may use is out of capacity (gpu-spot): growth is tried again 300 s "
+        "after it failed"
+    )
+    unconfigured = plan((ON_DEMAND, CPU), [], [demand(gpus=2)], CONFIG, NOW)
+    assert [b.reason for b in unconfigured.blocked] == [BlockedReason.NO_POOL_FITS]
+
+
 def test_a_job_over_the_budget_is_blocked_and_takes_nothing() -> None:
     config = CONFIG.model_copy(update={"budget_per_hour_usd": 2.5})
     decided = plan(POOLS, [], [demand(gpus=2, workers=3)], config, NOW)

@@ -302,13 +302,15 @@ class _Eligible:
     zones: dict[str | None, list[str]] = field(default_factory=dict)
     """Zone → the names of its pools, cheapest first; zones in the order of their cheapest
     pool. A gang is placed within one zone (pools without a zone count as one)."""
+    stocked_out: tuple[str, ...] = ()
+    """Pools the job could use but for their last failed growth."""
 
     @classmethod
-    def of(cls, pools: list[PoolSpec]) -> _Eligible:
+    def of(cls, pools: list[PoolSpec], stocked_out: tuple[str, ...] = ()) -> _Eligible:
         zones: dict[str | None, list[str]] = {}
         for pool in pools:
             zones.setdefault(pool.zone, []).append(pool.name)
-        return cls(pools, [p.name for p in pools], zones)
+        return cls(pools, [p.name for p in pools], zones, stocked_out)
 
 
 @dataclass(slots=True)
@@ -411,10 +413,9 @@ def plan(
         waited = _falls_back(demand, pools, config, now, unavailable, spot_gone=spot_full)
         choice = eligible.get((demand.capacity, waited))
         if choice is None:
-            candidates = eligible_pools(
-                demand, pools, config, now, unavailable=unavailable, risk=risk, spot_gone=spot_full
+            choice = eligible[demand.capacity, waited] = _choice(
+                demand, pools, config, now, unavailable, risk, spot_full
             )
-            choice = eligible[demand.capacity, waited] = _Eligible.of(candidates)
         outcome = _place(demand, choice, packing, config)
         if outcome is not None:
             blocked.append(outcome)
@@ -445,10 +446,39 @@ def plan(
     )
 
 
+def _choice(  # noqa: PLR0917  # plan's inputs, passed on
+    demand: Demand,
+    pools: Sequence[PoolSpec],
+    config: ScalerConfig,
+    now: datetime,
+    unavailable: frozenset[str],
+    risk: Mapping[str, float] | None,
+    spot_gone: frozenset[str],
+) -> _Eligible:
+    """The pools the demand may grow; with none, those it could but for a stock-out."""
+    candidates = eligible_pools(
+        demand, pools, config, now, unavailable=unavailable, risk=risk, spot_gone=spot_gone
+    )
+    stocked_out: tuple[str, ...] = ()
+    if not candidates and unavailable:
+        could = eligible_pools(demand, pools, config, now, spot_gone=spot_gone)
+        stocked_out = tuple(p.name for p in could if p.name in unavailable)
+    return _Eligible.of(candidates, stocked_out)
+
+
 def _place(
     demand: Demand, choice: _Eligible, packing: _Packing, config: ScalerConfig
 ) -> Blocked | None:
     """Place all of a demand's bundles, or none; say why when none."""
+    if not choice.pools and choice.stocked_out:
+        return Blocked(
+            job_id=demand.job_id,
+            attempt=demand.attempt,
+            reason=BlockedReason.OUT_OF_CAPACITY,
+            detail=f"every pool it may use is out of capacity ({', '.join(choice.stocked_out)}):"
+            f" growth is tried again {config.capacity_retry_after_s:g} s after it failed",
+            pool=choice.stocked_out[0],
+        )
     if not choice.pools:
         return Blocked(
             job_id=demand.job_id,
