@@ -26,7 +26,7 @@ from services.scaler.ports import (
 from shared.clock import Clock
 from shared.cost import CostFold, attributed, on_demand_counterpart
 from shared.cost.attribution import SettledMemo
-from shared.cost.node_ends import OpenNode, best_end, node_history
+from shared.cost.node_ends import OpenNode, closings, node_history
 from shared.events import Event, EventData, new_event, node_event_id
 from shared.events.data import (
     JobCancelled,
@@ -247,14 +247,16 @@ async def _announce_node_lifetimes(
         # Closed at a guess, a node could never be closed right: it waits for the record
         # (billed meanwhile up to its last sighting, no further).
         log.warning("nodes.end_records_unreadable", nodes=len(gone), error=str(error))
-        gone = []
-    for name in gone:
-        billed = deps.billed_nodes[name]
-        end = best_end(billed, recorded=recorded.get(name), last_seen=deps.last_seen.get(name))
+        gone, recorded = [], {}
+    billed = [deps.billed_nodes[name] for name in gone]
+    for closing in closings(billed, running=(), recorded=recorded, last_seen=deps.last_seen):
         reason = (
-            ReleaseReason.GONE_WHILE_UNWATCHED if name in deps.unwatched else ReleaseReason.GONE
+            ReleaseReason.GONE_WHILE_UNWATCHED
+            if closing.node in deps.unwatched
+            else ReleaseReason.GONE
         )
-        await _node_released(deps, name, billed.pool, reason, at=end.at, source=end.source)
+        end = closing.end
+        await _node_released(deps, closing.node, closing.pool, reason, at=end.at, source=end.source)
     for name in deps.billed_nodes.keys() & listed:
         deps.last_seen[name] = seen_at
     deps.ended_nodes &= listed

@@ -14,7 +14,7 @@ import typer
 from rich.table import Table
 
 from shared.cli.console import CliError, err, out
-from shared.cli.jobs import duration_s
+from shared.cli.jobs import duration_s, iso_moment
 from shared.client import SpotrainClient
 from shared.cost import (
     CostRow,
@@ -255,11 +255,10 @@ def _since(text: str) -> datetime:
     else:
         return now - timedelta(seconds=back)
     try:
-        moment = datetime.fromisoformat(text)
+        moment = iso_moment(text)
     except ValueError:
         msg = f"--since takes a duration back (30m, 2h) or an ISO time, not {text!r}"
         raise CliError(msg, 2) from None
-    moment = moment if moment.tzinfo is not None else moment.astimezone()
     if moment > now:
         raise CliError(f"--since {text} is in the future", 2)
     return moment

@@ -307,9 +307,14 @@ def _deadline(at: str | None, within: str | None, now: datetime) -> datetime | N
     if at is None:
         return None
     try:
-        moment = datetime.fromisoformat(at)
+        return iso_moment(at)
     except ValueError:
         raise CliError(f"--deadline takes an ISO time (2026-12-02T09:00), not {at!r}", 2) from None
+
+
+def iso_moment(text: str) -> datetime:
+    """An ISO time, in local time if it names no zone; a ValueError if it is none."""
+    moment = datetime.fromisoformat(text)
     return moment if moment.tzinfo is not None else moment.astimezone()
 
 

@@ -200,10 +200,6 @@ class CostFold:
     def _end_node(self, node: str, at: datetime) -> None:
         self.node_end[node] = min(self.node_end.get(node, at), at)
 
-    def open_nodes(self) -> list[str]:
-        """Launched nodes with no end on record."""
-        return [name for name in self.launched if name not in self.node_end]
-
     def inputs(
         self, prices: Mapping[str, PoolPrice], *, seen: Mapping[str, datetime] | None = None
     ) -> CostInputs:

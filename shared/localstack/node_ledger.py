@@ -11,17 +11,16 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from datetime import UTC, datetime
-from typing import Any
 
-import nats.js.errors
-
+from shared.client import SpotrainClient
+from shared.clock import SystemClock
 from shared.cost.node_ends import closings, node_history
-from shared.events import Event, decode, new_event, node_event_id, subjects_for
-from shared.events.data import NodeLaunched, NodeLost, NodeReleased, ReleaseReason
+from shared.events import new_event, node_event_id
+from shared.events.data import NodeReleased, ReleaseReason
 from shared.localstack.nodes import NodeFolder
 from shared.messaging.jetstream import JetStreamBus
 from shared.messaging.settings import BusSettings
-from shared.pools import SIGHTINGS_KEY, NodeSightings, pools_bucket
+from shared.pools import billed_up_to
 
 SOURCE = "scaler"
 """`down` stands in for the scaler, whose event this is."""
@@ -35,8 +34,10 @@ async def close_open_nodes(
     its last sighting. Returns what it announced."""
     bus = await JetStreamBus.connect(settings, name="spotrain-down")
     try:
-        history = node_history(await _node_events(bus))
-        seen = await _sightings(bus)
+        # Read as `spotrain cost` reads them.
+        reader = SpotrainClient(bus, SystemClock())
+        history = node_history(await reader.cost_events())
+        seen = billed_up_to(await reader.sightings())
         recorded = {
             node.node: end
             for node in history.open
@@ -63,30 +64,3 @@ async def close_open_nodes(
         return announced
     finally:
         await bus.close()
-
-
-async def _node_events(bus: JetStreamBus) -> list[Event[Any]]:
-    stored = []
-    for subject in subjects_for((NodeLaunched, NodeReleased, NodeLost), bus.prefix):
-        try:
-            stored += await bus.read(subject)
-        except nats.js.errors.NotFoundError:
-            return []  # no stream: nothing was ever launched
-    events = []
-    for message in sorted(stored, key=lambda m: m.seq):
-        try:
-            events.append(decode(message.data))
-        except ValueError:
-            continue  # dead-lettered by its consumers; it opens or closes nothing
-    return events
-
-
-async def _sightings(bus: JetStreamBus) -> dict[str, datetime]:
-    try:
-        kv = await bus.client.jetstream().key_value(pools_bucket(bus.prefix))
-        entry = await kv.get(SIGHTINGS_KEY)
-    except (nats.js.errors.BucketNotFoundError, nats.js.errors.NotFoundError):
-        return {}
-    if not entry.value:
-        return {}
-    return dict(NodeSightings.model_validate_json(entry.value).seen)

@@ -237,11 +237,19 @@ def preempt(
         notice = folder.post_notice(node.name, now + timedelta(seconds=notice_s), now)
         on_notice(notice)
         sleep(max(0.0, (notice.deadline - datetime.now(UTC)).total_seconds()))
-    processes = kill_node(node.record)
-    killed_at = datetime.now(UTC)
-    # As the cloud records a preemption's time: the keeper died in the same instant.
-    folder.record_end(node.name, killed_at)
-    folder.withdraw_notice(node.name)  # served: a notice outliving its node is noise
+    processes, killed_at = take_back(folder, node.name, node.record)
     return Preemption(
         node=node.name, pool=node.pool, notice=notice, killed_at=killed_at, processes=processes
     )
+
+
+def take_back(folder: NodeFolder, name: str, record: ProcessRecord) -> tuple[int, datetime]:
+    """The kill of a preemption, at its deadline: the node's every process at once, its
+    end recorded (as the cloud records a preemption's time: the keeper died with it), its
+    notice withdrawn (served: a notice outliving its node is noise). Returns how many
+    processes were killed, and when."""
+    processes = kill_node(record)
+    killed_at = datetime.now(UTC)
+    folder.record_end(name, killed_at)
+    folder.withdraw_notice(name)
+    return processes, killed_at

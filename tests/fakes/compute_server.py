@@ -10,17 +10,17 @@ filter is), a project it does not hold is a 404, and every answer can be slowed 
 
 from __future__ import annotations
 
-import json
 import re
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
+
+from tests.fakes.http import reply_json, serving
 
 _AGGREGATED = re.compile(r"^/compute/v1/projects/(?P<project>[^/]+)/aggregated/operations$")
 _CLAUSE = re.compile(
@@ -152,24 +152,11 @@ def serve_fake_compute(compute: FakeCompute) -> Iterator[FakeCompute]:
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             url = urlsplit(self.path)
-            code, reply = compute.answer(url.path, parse_qs(url.query))
-            data = json.dumps(reply).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            reply_json(self, *compute.answer(url.path, parse_qs(url.query)))
 
         def log_message(self, format: str, *args: Any) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    compute.endpoint = f"http://127.0.0.1:{server.server_address[1]}"
-    thread = threading.Thread(target=server.serve_forever, name="fake-compute", daemon=True)
-    thread.start()
-    try:
+    with serving(Handler, "fake-compute") as endpoint:
+        compute.endpoint = endpoint
         yield compute
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)

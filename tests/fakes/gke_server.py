@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import json
 import re
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import urlsplit
+
+from tests.fakes.http import reply_json, serving
 
 # The paths of google/cloud/container_v1/services/cluster_manager/transports/rest_base.py:
 # GET /v1/{name=projects/*/locations/*/clusters/*/nodePools/*} and
@@ -120,24 +121,11 @@ def serve_fake_gke(gke: FakeGke) -> Iterator[FakeGke]:
             length = int(self.headers.get("Content-Length") or 0)
             raw = self.rfile.read(length) if length else b""
             body = json.loads(raw) if raw else {}
-            code, reply = gke.answer(self.command, urlsplit(self.path).path, body)
-            data = json.dumps(reply).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            reply_json(self, *gke.answer(self.command, urlsplit(self.path).path, body))
 
         def log_message(self, format: str, *args: Any) -> None:
             pass  # quiet: the recorded requests are what tests look at
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    gke.endpoint = f"http://127.0.0.1:{server.server_address[1]}"
-    thread = threading.Thread(target=server.serve_forever, name="fake-gke", daemon=True)
-    thread.start()
-    try:
+    with serving(Handler, "fake-gke") as endpoint:
+        gke.endpoint = endpoint
         yield gke
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)

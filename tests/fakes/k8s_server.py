@@ -13,9 +13,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import partial
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
+
+from tests.fakes.http import reply_json, serving
 
 NODES_PATH = "/api/v1/nodes"
 Json = dict[str, Any]
@@ -220,20 +222,12 @@ def serve_fake_kubernetes(kube: FakeKubernetes) -> Iterator[FakeKubernetes]:
             received = Received(url.path, query, self.headers.get("Authorization"))
             kube.requests.append(received)
             if url.path != NODES_PATH:
-                self._send_json(404, status_body(404, "NotFound", f"no such path {url.path}"))
+                reply_json(self, 404, status_body(404, "NotFound", f"no such path {url.path}"))
             elif received.is_watch:
                 timeout = query.get("timeoutSeconds")
                 self._stream(kube.watch(query.get("resourceVersion"), _seconds(timeout)))
             else:
-                self._send_json(200, kube.node_list())
-
-        def _send_json(self, code: int, body: Json) -> None:
-            data = json.dumps(body).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+                reply_json(self, 200, kube.node_list())
 
         def _stream(self, events: Iterator[Json]) -> None:
             self.send_response(200)
@@ -253,20 +247,12 @@ def serve_fake_kubernetes(kube: FakeKubernetes) -> Iterator[FakeKubernetes]:
         def log_message(self, format: str, *args: Any) -> None:
             pass  # quiet: the recorded requests are what tests look at
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    kube.endpoint = f"http://127.0.0.1:{server.server_address[1]}"
-    thread = threading.Thread(
-        target=server.serve_forever, kwargs={"poll_interval": 0.05}, name="fake-k8s", daemon=True
-    )
-    thread.start()
-    try:
-        yield kube
-    finally:
-        kube.shut()
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
+    with serving(Handler, "fake-k8s") as endpoint:
+        kube.endpoint = endpoint
+        try:
+            yield kube
+        finally:
+            kube.shut()  # ends the open watches, so that the server can stop
 
 
 def _seconds(value: str | None) -> float | None:

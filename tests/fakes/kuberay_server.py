@@ -13,11 +13,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from tests.fakes.http import reply_json, serving
 from tests.fakes.k8s_server import status_body
 
 Json = dict[str, Any]
@@ -258,30 +259,11 @@ def serve_fake_kuberay(kube: FakeKubeRay) -> Iterator[FakeKubeRay]:
                 content_type=self.headers.get("Content-Type"),
                 body=json.loads(raw) if raw else None,
             )
-            code, body = kube.answer(received)
-            data = json.dumps(body).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            reply_json(self, *kube.answer(received))
 
         def log_message(self, format: str, *args: Any) -> None:
             pass  # quiet: the recorded requests are what tests look at
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    kube.endpoint = f"http://127.0.0.1:{server.server_address[1]}"
-    thread = threading.Thread(
-        target=server.serve_forever,
-        kwargs={"poll_interval": 0.05},
-        name="fake-kuberay",
-        daemon=True,
-    )
-    thread.start()
-    try:
+    with serving(Handler, "fake-kuberay") as endpoint:
+        kube.endpoint = endpoint
         yield kube
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)

@@ -15,7 +15,7 @@ from services.scaler.model import PoolSpec
 from services.scaler.ports import ProvidedNode
 from shared.cost.node_ends import NodeEnd
 from shared.localstack.market import LocalMarket, room_to_grow, to_preempt
-from shared.localstack.nodes import LocalNode, NodeFolder, kill_node
+from shared.localstack.nodes import LocalNode, NodeFolder, take_back
 from shared.localstack.ports import free_port_block
 from shared.localstack.processes import ProcessRecord, is_running, stop_session
 from shared.localstack.ray_nodes import (
@@ -94,10 +94,9 @@ class LocalPoolProvider:
             if node is None or node.pool not in self._markets or notice.deadline > now:
                 continue
             record = ProcessRecord.load(self._state_dir / f"{name}.json")
-            if record is not None:
-                kill_node(record)
-            self._folder.record_end(name, datetime.now(UTC))
-            self._folder.withdraw_notice(name)
+            if record is None:
+                continue  # gone by itself meanwhile: the next listing drops it
+            take_back(self._folder, name, record)
             killed.add(name)
             log.info("market.preempted", node=name, pool=node.pool)
         for pool, market in self._markets.items():
