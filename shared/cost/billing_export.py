@@ -28,13 +28,13 @@ import json
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, date, datetime, timedelta
+from datetime import UTC, date, datetime, time, timedelta
 from decimal import Decimal, InvalidOperation
 from enum import StrEnum
 from fractions import Fraction
 from typing import Any
 
-from shared.cost.attribution import ZERO, NodeLife, exact, seconds
+from shared.cost.attribution import ZERO, NodeLife, attribute
 
 NODE_LABEL = "spotrain-node"
 POOL_LABEL = "spotrain-pool"
@@ -261,19 +261,19 @@ def _timestamp(value: Any) -> datetime:
 def ledger_by_node_day(
     nodes: Iterable[NodeLife], now: datetime
 ) -> dict[tuple[str, date], Fraction]:
-    """What the ledger bills each node on each UTC day, up to `now` (and never past an open
-    node's last sighting)."""
-    by_day: dict[tuple[str, date], Fraction] = defaultdict(Fraction)
-    for node in nodes:
-        end = min(node.end or node.seen_until or now, now)
-        price = exact(node.price_per_hour_usd) / 3600
-        start = node.start.astimezone(UTC)
-        while start < end:
-            midnight = datetime.combine(start.date() + timedelta(days=1), datetime.min.time(), UTC)
-            until = min(midnight, end)
-            by_day[(node.node, start.date())] += seconds(until - start) * price
-            start = until
-    return dict(by_day)
+    """What the ledger bills each node on each UTC day, up to `now`: the ledger's own
+    attribution, one day at a time (so never past an open node's last sighting)."""
+    lives = list(nodes)
+    if not lives:
+        return {}
+    day = min(life.start for life in lives).astimezone(UTC).date()
+    by_day: dict[tuple[str, date], Fraction] = {}
+    while (start := datetime.combine(day, time.min, UTC)) < now:
+        end = min(start + timedelta(days=1), now)
+        for bill in attribute(lives, (), start, end).bills:
+            by_day[(bill.node, day)] = bill.cost_usd
+        day += timedelta(days=1)
+    return by_day
 
 
 class Match(StrEnum):
