@@ -205,10 +205,12 @@ async def reconcile(deps: Deps) -> ScalePlan:
 
 async def _take_over(deps: Deps, provided: Sequence[ProvidedNode]) -> None:
     """At start: every node open on the ledger becomes this process's to close, those the
-    provider no longer lists marked as gone while no scaler watched. A failure leaves it
+    provider no longer lists marked as gone while no scaler watched, and so does every node
+    the provider started and saw stop that the ledger never heard of. A failure leaves it
     to the next pass."""
     history = node_history(await deps.history.node_events())
     board = await deps.status.sightings()
+    stopped = await deps.provider.stopped()
     seen = dict(board.seen) if board is not None else {}
     listed = {node.name for node in provided}
     for node in history.open:
@@ -217,6 +219,15 @@ async def _take_over(deps: Deps, provided: Sequence[ProvidedNode]) -> None:
         if node.node not in listed:
             deps.unwatched.add(node.node)
     deps.ended_nodes |= history.ended & listed
+    known = history.ended | {node.node for node in history.open} | listed
+    by_pool = {pool.name: pool for pool in deps.pools}
+    for gone in stopped:
+        if gone.name in known or gone.pool not in by_pool:
+            continue
+        # Launched by a scaler that died before announcing it, and gone before this one
+        # could list it: billed from its start, then closed as any gone node is.
+        await _node_launched(deps, gone.name, by_pool[gone.pool], gone.launched_at)
+        deps.unwatched.add(gone.name)
     deps.recovered = True
     log.info("nodes.taken_over", open=len(history.open), gone=len(deps.unwatched))
 

@@ -51,6 +51,14 @@ class ProvidedNode(Frozen):
     launched_at: AwareDatetime
 
 
+class StoppedNode(Frozen):
+    """A node a provider launched that no longer runs; when it ended, `ended()` says."""
+
+    name: str
+    pool: str
+    launched_at: AwareDatetime
+
+
 class ObservedNode(Frozen):
     """A live node as Ray sees it."""
 

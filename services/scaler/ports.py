@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import Callable, Collection
 from typing import Any, Protocol
 
-from services.scaler.model import Demand, ObservedNode, PoolSpec, ProvidedNode
+from services.scaler.model import Demand, ObservedNode, PoolSpec, ProvidedNode, StoppedNode
 from shared.cost.node_ends import NodeEnd
 from shared.events import Event
 from shared.pools import NodeSightings, PoolsStatus
@@ -34,6 +34,13 @@ class PoolProvider(Protocol):
         """When each of these nodes, no longer listed, stopped, as far as the provider
         recorded it (a local node's recorded exit or last stamp); a node it kept no record
         of is left out, and the scaler falls back on its own last sighting."""
+        ...
+
+    async def stopped(self) -> list[StoppedNode]:
+        """Every node this provider launched and knows to have stopped, as far back as it
+        keeps records. A scaler that dies between a launch and its announcement leaves a
+        node no event names: if that node stops before the next scaler lists it, this
+        record is the only trace of it, and what it is billed from."""
         ...
 
 

@@ -10,6 +10,7 @@ later stores it once.
 from __future__ import annotations
 
 from collections.abc import Collection
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from shared.client import SpotrainClient
@@ -26,12 +27,22 @@ SOURCE = "scaler"
 """`down` stands in for the scaler, whose event this is."""
 
 
+@dataclass(frozen=True)
+class LedgerClosing:
+    announced: list[NodeReleased]
+    """The ends told to the ledger."""
+    unannounced: list[str]
+    """Nodes the folder started that no event names (a scaler died between a launch and
+    its announcement): only the scaler knows their pool's price, so their records stay
+    for its next start, which bills them."""
+
+
 async def close_open_nodes(
     settings: BusSettings, folder: NodeFolder, *, stopped: Collection[str]
-) -> list[NodeReleased]:
+) -> LedgerClosing:
     """Announce the end of every node open on the ledger: `stopped` (by `down`, just now)
     as stack-stopped, the others as gone while unwatched; each at its recorded end, else
-    its last sighting. Returns what it announced."""
+    its last sighting."""
     bus = await JetStreamBus.connect(settings, name="spotrain-down")
     try:
         # Read as `spotrain cost` reads them.
@@ -61,6 +72,7 @@ async def close_open_nodes(
             event = new_event(released, source=SOURCE, time=datetime.now(UTC), event_id=event_id)
             await bus.publish(event)
             announced.append(released)
-        return announced
+        known = history.ended | {node.node for node in history.open}
+        return LedgerClosing(announced, [name for name in folder.started() if name not in known])
     finally:
         await bus.close()

@@ -5,9 +5,10 @@ notices there and kills nodes, and the preemption watcher's local source reads i
 For a node `NAME`: `NAME.json` is its process record, `NAME.pool` its pool,
 `NAME.capacity` its pool's capacity class (spot, on-demand), `NAME.notice`
 a preemption notice with its deadline, `NAME.released` says that the provider stopped it
-on purpose (its disappearance is not a loss). `NAME.alive` is stamped while the node runs
-and `NAME.ended` records when it stopped (its keeper, a release or a preemption writes it):
-the record a cloud keeps of when a VM stopped, kept until the stack is stopped cleanly.
+on purpose (its disappearance is not a loss). `NAME.started` records when the provider
+started it, `NAME.alive` is stamped while it runs and `NAME.ended` records when it stopped
+(its keeper, a release or a preemption writes it): the record a cloud keeps of when a VM
+started and stopped, kept until the stack is stopped cleanly.
 """
 
 from __future__ import annotations
@@ -46,6 +47,18 @@ class LocalNode:
     pool: str
     capacity: str | None
     record: ProcessRecord
+
+
+_NODE_FILES = (
+    ".json",
+    ".pool",
+    ".capacity",
+    ".notice",
+    ".released",
+    ".started",
+    ".alive",
+    ".ended",
+)
 
 
 class NodeFolder:
@@ -123,10 +136,26 @@ class NodeFolder:
     def ended_file(self, name: str) -> Path:
         return self.path / f"{name}.ended"
 
+    def record_start(self, name: str, at: datetime) -> None:
+        self._write(f"{name}.started", at.isoformat())
+
+    def started_at(self, name: str) -> datetime | None:
+        try:
+            return datetime.fromisoformat((self.path / f"{name}.started").read_text().strip())
+        except (OSError, ValueError):
+            return None
+
+    def started(self) -> list[str]:
+        """Every node with a start record, running or not, by name."""
+        return sorted(path.stem for path in self.path.glob("*.started"))
+
     def record_end(self, name: str, at: datetime) -> None:
         """Record when the node stopped, unless something recorded it first."""
         self.path.mkdir(parents=True, exist_ok=True)
         record_end(self.ended_file(name), at)
+
+    def has_ended(self, name: str) -> bool:
+        return self.ended_file(name).exists()
 
     def recorded_end(self, name: str) -> NodeEnd | None:
         """When the node stopped, if recorded; else when it was last stamped alive; None
@@ -153,8 +182,7 @@ class NodeFolder:
 
     def forget(self, name: str) -> None:
         """Remove every file of a node; called before a name is used again."""
-        suffixes = (".json", ".pool", ".capacity", ".notice", ".released", ".alive", ".ended")
-        for suffix in suffixes:
+        for suffix in _NODE_FILES:
             (self.path / f"{name}{suffix}").unlink(missing_ok=True)
 
     def clear(self) -> None:
@@ -165,7 +193,7 @@ class NodeFolder:
 
     def clear_stopped(self) -> None:
         """Forget the process records, notices and release marks of stopped nodes, but keep
-        their pools and recorded ends: a ledger not yet told of their end still needs them."""
+        their pools, starts and ends: a ledger not yet told of them still needs them."""
         for suffix in ("json", "notice", "released"):
             for path in self.path.glob(f"*.{suffix}"):
                 path.unlink(missing_ok=True)
@@ -178,6 +206,10 @@ class NodeFolder:
         tmp = self.path / f".{file_name}.tmp"
         tmp.write_text(text)
         tmp.replace(self.path / file_name)
+
+
+KILL_WAIT_S = 2.0
+"""How long a kill waits for the node to be gone before it records the end anyway."""
 
 
 def kill_node(record: ProcessRecord) -> int:
@@ -247,8 +279,13 @@ def take_back(folder: NodeFolder, name: str, record: ProcessRecord) -> tuple[int
     """The kill of a preemption, at its deadline: the node's every process at once, its
     end recorded (as the cloud records a preemption's time: the keeper died with it), its
     notice withdrawn (served: a notice outliving its node is noise). Returns how many
-    processes were killed, and when."""
+    processes were killed, and when: once the node is gone, not when the kill was sent.
+    A SIGKILLed node takes a few ms to die, and a provider listing in between still sees it
+    run: its end must not fall before a sighting of it alive (found in CI, 40 ms early)."""
     processes = kill_node(record)
+    give_up = time.monotonic() + KILL_WAIT_S
+    while is_running(record) and time.monotonic() < give_up:
+        time.sleep(0.005)
     killed_at = datetime.now(UTC)
     folder.record_end(name, killed_at)
     folder.withdraw_notice(name)

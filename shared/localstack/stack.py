@@ -350,9 +350,14 @@ def _stop_nodes(settings: LocalStackSettings, progress: Progress) -> list[str]:
         progress(f"the ledger was not told of the stopped nodes ({error}); the scaler will")
         folder.clear_stopped()
     else:
-        if closed:
-            progress(f"ended {len(closed)} nodes on the ledger")
-        folder.clear()
+        if closed.announced:
+            progress(f"ended {len(closed.announced)} nodes on the ledger")
+        if closed.unannounced:
+            names = ", ".join(closed.unannounced)
+            progress(f"nodes the scaler never announced ({names}): it bills them at its next start")
+            folder.clear_stopped()
+        else:
+            folder.clear()
     return [f"node {name}" for name in stopped]
 
 

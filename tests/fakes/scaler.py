@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from datetime import datetime
 
-from services.scaler.model import Demand, PoolSpec
+from services.scaler.model import Demand, PoolSpec, StoppedNode
 from services.scaler.ports import ObservedNode, ProvidedNode
 from shared.cost.node_ends import NodeEnd
 from shared.events.data import NodeEndSource
@@ -19,6 +19,8 @@ class FakeCluster:
     def __init__(self, clock: FixedClock) -> None:
         self._clock = clock
         self.launched: dict[str, tuple[PoolSpec, datetime]] = {}
+        self.started: dict[str, tuple[PoolSpec, datetime]] = {}
+        """Every node ever launched, running or not: the provider's start records."""
         self.idle_s: dict[str, float] = {}
         self.released: list[str] = []
         self._named = 0
@@ -41,7 +43,7 @@ class FakeCluster:
         names = [f"{pool.name}-{self._named + i + 1}" for i in range(count)]
         self._named += count
         for name in names:
-            self.launched[name] = (pool, self._clock.now())
+            self.launched[name] = self.started[name] = (pool, self._clock.now())
         return names
 
     async def release(self, node: str) -> None:
@@ -51,6 +53,13 @@ class FakeCluster:
 
     async def ended(self, nodes: Collection[str]) -> dict[str, NodeEnd]:
         return {name: self.ends[name] for name in nodes if name in self.ends}
+
+    async def stopped(self) -> list[StoppedNode]:
+        return [
+            StoppedNode(name=name, pool=pool.name, launched_at=at)
+            for name, (pool, at) in self.started.items()
+            if name not in self.launched
+        ]
 
     def stop(self, node: str, *, recorded: bool = True, stamped: datetime | None = None) -> None:
         """The node stops unasked (preempted, deleted, killed with its stack); the provider

@@ -103,6 +103,27 @@ def test_down_stops_the_nodes_and_ends_every_open_one_on_the_ledger(
     assert list(folder.path.glob("*.ended")) == [], "told the ledger: the records go"
 
 
+def test_down_keeps_the_records_of_a_node_no_event_names_for_the_scalers_next_start(
+    local: LocalStackSettings, bus_settings: BusSettings
+) -> None:
+    """A scaler killed between a launch and its announcement: `down` cannot price the node
+    (the pools are the scaler's), so it leaves its start and end for the scaler."""
+    folder = NodeFolder(local.node_dir)
+    folder.path.mkdir(parents=True)
+    now = datetime.now(UTC)
+    kept(folder, "cpu-1", ["sleep", "60"])
+    kept(folder, "cpu-2", ["sleep", "60"])
+    asyncio.run(announce(bus_settings, launched("cpu-1", now)))
+    said: list[str] = []
+    stack.down(local, progress=said.append)
+    assert "ended 1 nodes on the ledger" in said
+    assert any("never announced (cpu-2)" in line for line in said), said
+    assert set(asyncio.run(released(bus_settings))) == {"cpu-1"}
+    assert folder.started_at("cpu-2") is not None
+    assert folder.recorded_end("cpu-2") is not None
+    assert folder.pool_of("cpu-2") == "cpu"
+
+
 def test_down_without_nats_keeps_the_recorded_ends_for_the_scaler(
     local: LocalStackSettings, bus_settings: BusSettings, nats_server: Any
 ) -> None:

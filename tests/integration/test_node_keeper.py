@@ -29,6 +29,7 @@ def kept(folder: NodeFolder, name: str, argv: list[str]) -> LocalNode:
         cwd=folder.path,
         detached=True,
     )
+    folder.record_start(name, datetime.now(UTC))
     record.save(folder.path / f"{name}.json")
     deadline = time.monotonic() + 10
     while not folder.alive_file(name).exists():

@@ -19,7 +19,7 @@ from services.scaler.model import ScalerConfig
 from shared.cost import ledger
 from shared.cost.attribution import exact, seconds
 from shared.events import decode
-from shared.events.data import NodeEndSource, NodeReleased, ReleaseReason
+from shared.events.data import NodeEndSource, NodeLaunched, NodeReleased, ReleaseReason
 from shared.messaging.memory import InMemoryBus
 from tests.events import NOW
 from tests.fakes.clock import FixedClock
@@ -29,6 +29,13 @@ from tests.unit.test_cost_scaler_events import ON_DEMAND, SPOT
 
 @dataclass(frozen=True)
 class Launch:
+    count: int
+
+
+@dataclass(frozen=True)
+class LaunchUnannounced:
+    """The scaler launches, and dies before it announces the launch."""
+
     count: int
 
 
@@ -74,11 +81,14 @@ class StopStack:
     recorded: bool
 
 
-Step = Launch | Stop | Release | Wait | Pass | KillScaler | StartScaler | StopStack
+Step = (
+    Launch | LaunchUnannounced | Stop | Release | Wait | Pass | KillScaler | StartScaler | StopStack
+)
 
 steps = st.lists(
     st.one_of(
         st.builds(Launch, st.integers(1, 2)),
+        st.builds(LaunchUnannounced, st.integers(1, 2)),
         st.builds(Stop, st.integers(0, 20), st.booleans(), st.integers(0, 600)),
         st.builds(Release, st.integers(0, 20)),
         st.builds(Wait, st.one_of(st.integers(1, 10), st.integers(1, 900))),
@@ -177,6 +187,10 @@ async def play(story: list[Step]) -> World:  # noqa: PLR0912  # one branch per s
                 for name in await world.cluster.launch(SPOT, count):
                     world.launched_at[name] = world.clock.now()
                 await world.a_pass()
+            case LaunchUnannounced(count) if world.scaler is not None:
+                for name in await world.cluster.launch(SPOT, count):
+                    world.launched_at[name] = world.clock.now()
+                world.scaler = None
             case Stop(index, recorded, back_s) if world.running():
                 running = world.running()
                 world.stop(running[index % len(running)], recorded=recorded, stamp_back_s=back_s)
@@ -277,3 +291,16 @@ def test_a_providers_stale_stamp_never_ends_a_node_before_the_scalers_own_sighti
     [released] = [e.data for e in world.events() if isinstance(e.data, NodeReleased)]
     assert released.end_source is NodeEndSource.LAST_SEEN
     assert released.released_at == NOW + timedelta(seconds=300)
+
+
+def test_a_node_never_announced_and_gone_before_the_next_scaler_is_billed_from_its_record() -> None:
+    """Found in CI (chaos): the scaler was killed between a launch and its announcement,
+    the node was preempted before a new scaler listed it, and no event ever named it."""
+    story: list[Step] = [LaunchUnannounced(1), Wait(120), Stop(0, True), Wait(600)]
+    story += [StartScaler()]
+    world = asyncio.run(play(story))
+    [launched] = [e.data for e in world.events() if isinstance(e.data, NodeLaunched)]
+    [released] = [e.data for e in world.events() if isinstance(e.data, NodeReleased)]
+    assert launched.launched_at == NOW
+    assert released.reason is ReleaseReason.GONE_WHILE_UNWATCHED
+    assert released.released_at == NOW + timedelta(seconds=120)

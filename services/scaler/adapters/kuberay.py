@@ -14,7 +14,7 @@ from kubernetes.client import ApiClient, Configuration, CoreV1Api, CustomObjects
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
-from services.scaler.model import PoolSpec
+from services.scaler.model import PoolSpec, StoppedNode
 from services.scaler.payloads.kuberay import (
     RayClusterError,
     WorkerPod,
@@ -83,6 +83,11 @@ class KubeRayPoolProvider:
         """No record here: a deleted worker pod leaves nothing to read in the RayCluster;
         the scaler falls back on its last sighting."""
         return {}
+
+    async def stopped(self) -> list[StoppedNode]:
+        """No record here either: a worker pod that ran and went while no scaler watched
+        is not billed."""
+        return []
 
     def _nodes(self) -> list[ProvidedNode]:
         return [

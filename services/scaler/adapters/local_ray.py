@@ -11,7 +11,7 @@ from pathlib import Path
 
 import structlog
 
-from services.scaler.model import PoolSpec
+from services.scaler.model import PoolSpec, StoppedNode
 from services.scaler.ports import ProvidedNode
 from shared.cost.node_ends import NodeEnd
 from shared.localstack.market import LocalMarket, room_to_grow, to_preempt
@@ -63,14 +63,18 @@ class LocalPoolProvider:
         nodes = []
         for path in sorted(self._state_dir.glob("*.json")):
             record = ProcessRecord.load(path)
-            if record is None or not is_running(record):
+            # A recorded end is final, even while the keeper that wrote it exits: no
+            # listing may show a node alive after the end its record gives.
+            if record is None or not is_running(record) or self._folder.has_ended(record.name):
                 # Gone (preempted, or killed by hand): forget it; Ray marks it dead.
                 if record is not None:
                     stop_session(record.pid, grace_s=0)
                     shutil.rmtree(node_temp_dir(self._state_dir, record.name), ignore_errors=True)
                 path.unlink(missing_ok=True)
                 continue
-            launched_at = datetime.fromtimestamp(path.stat().st_mtime, UTC)
+            launched_at = self._folder.started_at(record.name) or datetime.fromtimestamp(
+                path.stat().st_mtime, UTC
+            )
             nodes.append(
                 ProvidedNode(
                     name=record.name,
@@ -152,6 +156,9 @@ class LocalPoolProvider:
                 ended_file=self._folder.ended_file(name),
                 temp_dir=temp_dir,
             )
+            # The start record first: it outlives the process record (deleted once the
+            # node is gone), so a node that stops before any scaler announced it is billed.
+            self._folder.record_start(name, datetime.now(UTC))
             record.save(self._state_dir / f"{name}.json")
             names.append(name)
         return names
@@ -180,3 +187,20 @@ class LocalPoolProvider:
             if end is not None:
                 ends[name] = end
         return ends
+
+    async def stopped(self) -> list[StoppedNode]:
+        return await asyncio.to_thread(self._stopped)
+
+    def _stopped(self) -> list[StoppedNode]:
+        """Nodes started here that no longer run, from the folder's start and end records
+        (kept until the stack is stopped cleanly)."""
+        stopped = []
+        for name in self._folder.started():
+            record = ProcessRecord.load(self._state_dir / f"{name}.json")
+            launched_at = self._folder.started_at(name)
+            running = record is not None and is_running(record) and not self._folder.has_ended(name)
+            if launched_at is None or running:
+                continue
+            pool = self._folder.pool_of(name)
+            stopped.append(StoppedNode(name=name, pool=pool, launched_at=launched_at))
+        return stopped
