@@ -9,16 +9,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.scaler.policy.deadline import (
-    DeadlineReason,
-    DeadlineState,
-    Run,
-    SpotOutlook,
-    WindowTally,
-    decide,
-    outlook,
-    tally,
-)
 from services.scaler.simulation.deadline import (
     DeadlineJob,
     Greedy,
@@ -31,6 +21,16 @@ from services.scaler.simulation.deadline import (
     run_online,
 )
 from services.scaler.simulation.traces import SpotTrace
+from shared.deadline import (
+    DeadlineReason,
+    DeadlineState,
+    Run,
+    SpotOutlook,
+    WindowTally,
+    decide,
+    outlook,
+    tally,
+)
 
 LONG_WINDOWS = SpotOutlook(seen_h=100, productive_share=0.6, mean_window_h=5.0)
 SHORT_WINDOWS = SpotOutlook(seen_h=100, productive_share=0.05, mean_window_h=0.25)

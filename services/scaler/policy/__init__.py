@@ -1,8 +1,8 @@
 """The scaler's decisions, pure: no I/O, no clock (`now` is an argument), no ids.
 
-- `packing`: pool sizes from pending demand, free room and the budget;
-- `deadline`: per job, spot, on-demand or wait, so that it finishes by its deadline at
-  the least cost, from its pace and what has been seen of the spot market.
+- `packing`: pool sizes from pending demand, free room and the budget; a deadline job's
+  choice between spot, on-demand and waiting is `shared.deadline`'s, the one policy the
+  scaler (queued jobs), the checkpointer (running jobs) and the simulator share.
 """
 
 from services.scaler.policy.packing import (

@@ -24,7 +24,7 @@ from services.scaler.model import (
     ScalePlan,
     ScalerConfig,
 )
-from services.scaler.policy.deadline import Run, queued_decision
+from shared.deadline import Run, queued_decision
 from shared.events.types import Bundle, CapacityClass
 from shared.pools import PoolsStatus, PoolStatus
 

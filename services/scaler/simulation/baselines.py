@@ -11,8 +11,7 @@ from datetime import timedelta
 from typing import Any
 
 from services.scaler.model import Demand, NodeView, PoolSpec, Room
-from services.scaler.policy import deadline, plan, preemption_risk
-from services.scaler.policy.deadline import DeadlineState, Run
+from services.scaler.policy import plan, preemption_risk
 from services.scaler.policy.keepalive import best_idle_timeout_s
 from services.scaler.simulation.cluster import (
     CPUS_PER_GPU,
@@ -22,6 +21,8 @@ from services.scaler.simulation.cluster import (
     SimJob,
     SimNode,
 )
+from shared import deadline
+from shared.deadline import DeadlineState, Run
 from shared.events.types import CapacityClass
 
 
@@ -72,7 +73,7 @@ def _price_ratio(pools: Sequence[PoolSpec]) -> float:
 
 
 def deadline_rule(job: SimJob, state: ClusterState, spot_available: bool) -> Run:
-    """The platform's deadline policy (`policy.deadline.decide`) for a queued job."""
+    """The platform's deadline policy (`shared.deadline.decide`) for a queued job."""
     overhead_h = state.restart_overhead_s / 3600
     assert job.deadline_s is not None
     decision = deadline.decide(

@@ -24,9 +24,9 @@ from typing import NoReturn, Protocol
 
 import numpy as np
 
-from services.scaler.policy import deadline
-from services.scaler.policy.deadline import DeadlineState, Run, WindowTally
 from services.scaler.simulation.traces import SpotTrace, read_spot_trace
+from shared import deadline
+from shared.deadline import DeadlineState, Run, WindowTally
 
 POLICIES = ("spotrain", "uniform-progress", "greedy", "on-demand", "optimal")
 
@@ -105,7 +105,7 @@ class _Watcher:
 
 
 class Spotrain(_Watcher):
-    """The platform's deadline policy (`services.scaler.policy.deadline`), as the live
+    """The platform's deadline policy (`shared.deadline`), as the live
     platform calls it."""
 
     name = "spotrain"

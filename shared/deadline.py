@@ -3,6 +3,8 @@ so that it ends by its deadline at the least expected cost. It decides from the 
 (work left, in hours at its measured step time), its restart overhead (what each start of
 an instance costs in paid time without progress: boot, resume, warm-up) and what has been
 seen of the spot pool (`SpotOutlook`). No I/O, no clock: the caller gives the hours left.
+One policy for the whole platform: the scaler places queued jobs by it, the checkpointer
+moves running ones by it, and the simulator replays markets through it.
 
 The rule that keeps the deadline, whatever spot does: an action other than on-demand is
 taken only if, were spot to vanish by the next decision, on-demand started then would still
