@@ -12,6 +12,7 @@ import shutil
 import tempfile
 from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime
+from enum import StrEnum
 from pathlib import Path, PurePosixPath
 from typing import Annotated, Any, Final, Protocol
 from urllib.parse import unquote, urlsplit
@@ -73,6 +74,19 @@ class CheckpointRequest(BaseModel):
     job_id: str
     attempt: int = Field(ge=1)
     requested_at: AwareDatetime
+    moving: bool = False
+    """The platform stops the attempt to go on on other capacity (its deadline policy), not
+    because its node goes: its end is a move, not a loss."""
+
+
+class StopAsk(StrEnum):
+    """What a CHECKPOINT_NOW file asks of one attempt."""
+
+    NONE = "none"
+    STOP = "stop"
+    """Checkpoint and stop: its node is being taken back."""
+    MOVE = "move"
+    """Checkpoint and stop: the platform moves the job to other capacity."""
 
 
 class CheckpointIntegrityError(Exception):
@@ -475,18 +489,25 @@ def request_checkpoint(
 
 
 def checkpoint_request_applies(raw: bytes | None, attempt: int) -> bool:
-    """Whether a CHECKPOINT_NOW file's content asks `attempt` to stop. Pure: no I/O.
+    """Whether a CHECKPOINT_NOW file's content asks `attempt` to stop. Pure: no I/O."""
+    return stop_ask(raw, attempt) is not StopAsk.NONE
+
+
+def stop_ask(raw: bytes | None, attempt: int) -> StopAsk:
+    """What a CHECKPOINT_NOW file's content asks of `attempt`. Pure: no I/O.
 
     A request names its attempt, so the file left behind by a preempted attempt does not stop
     the next one. A file that does not parse (someone ran `touch CHECKPOINT_NOW`) counts.
     """
     if raw is None:
-        return False
+        return StopAsk.NONE
     try:
         request = CheckpointRequest.model_validate_json(raw)
     except ValidationError:
-        return True
-    return request.attempt == attempt
+        return StopAsk.STOP
+    if request.attempt != attempt:
+        return StopAsk.NONE
+    return StopAsk.MOVE if request.moving else StopAsk.STOP
 
 
 def read_checkpoint_request(uri: str, *, storage: CheckpointStorage | None = None) -> bytes | None:

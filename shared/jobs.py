@@ -111,8 +111,12 @@ class JobRecord(Frozen):
 
     @property
     def interruptions(self) -> int:
-        """Attempts whose capacity went away under them."""
-        return sum(1 for attempt in self.attempts if attempt.state is AttemptState.LOST)
+        """Attempts whose capacity went away under them; a move is not one."""
+        return sum(
+            1
+            for attempt in self.attempts
+            if attempt.state is AttemptState.LOST and attempt.cause is not InterruptionCause.MOVED
+        )
 
     def capacity_of(self, attempt: Attempt) -> CapacityClass:
         return attempt.capacity or self.request.capacity

@@ -30,6 +30,15 @@ class PoolStatus(Frozen):
     target: int
     min_nodes: int
     max_nodes: int
+    gpus_per_node: int | None = None
+    """Its node shape's GPUs (None from a scaler that did not say)."""
+    out_of_capacity_until: AwareDatetime | None = None
+    """Its last growth failed (a stock-out): the scaler tries again from then."""
+
+    @property
+    def can_grow(self) -> bool:
+        """Whether the scaler would add a node to it now."""
+        return self.out_of_capacity_until is None and self.nodes < self.max_nodes
 
 
 class PoolsStatus(Frozen):

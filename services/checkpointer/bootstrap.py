@@ -7,14 +7,16 @@ from contextlib import AsyncExitStack
 from services.checkpointer import metrics
 from services.checkpointer.adapters.checkpoint_store import StorageCheckpoints
 from services.checkpointer.adapters.kv_jobs import KvJobReader
+from services.checkpointer.adapters.kv_pools import KvPoolsReader
 from services.checkpointer.adapters.ray_gcs import RayGcsNodes
-from services.checkpointer.handlers import SERVICE, SUBSCRIPTIONS, Deps
+from services.checkpointer.handlers import SERVICE, SUBSCRIPTIONS, Deps, review_moves
 from services.checkpointer.settings import CheckpointerSettings
 from shared.clock import SystemClock
 from shared.jobs import jobs_bucket
 from shared.messaging import EventBus, Subscription, bind_routes
 from shared.messaging.jetstream import JetStreamBus
-from shared.runtime import ServiceDefinition
+from shared.pools import pools_bucket
+from shared.runtime import ServiceDefinition, Ticker
 
 
 async def bootstrap(bus: EventBus, stack: AsyncExitStack) -> ServiceDefinition:
@@ -30,8 +32,15 @@ async def bootstrap(bus: EventBus, stack: AsyncExitStack) -> ServiceDefinition:
         checkpoints=StorageCheckpoints(),
         ray=RayGcsNodes(settings.ray_gcs_address),
         config=settings.recovery_config(),
+        pools=KvPoolsReader(bus.client.jetstream(), pools_bucket(bus.prefix)),
+        moves=settings.move_config(),
     )
+
+    async def review() -> None:
+        await review_moves(deps)
+
     return ServiceDefinition(
         name=SERVICE,
         subscriptions=[Subscription(service=SERVICE, routes=bind_routes(SUBSCRIPTIONS, deps))],
+        tickers=[Ticker(name="moves", interval_s=settings.move_review_interval_s, tick=review)],
     )

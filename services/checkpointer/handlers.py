@@ -5,6 +5,10 @@ new there; a loss (the node gone, or the submitter's `job.interrupted`) resumes 
 from its latest checkpoint as the next attempt. The checkpointer decides and publishes
 `job.resumed`; the submitter, the only writer of job records, submits the attempt. Both
 paths of one loss meet in `recover`, which resumes an attempt at most once.
+
+A review (`review_moves`, every few seconds) moves running deadline jobs between spot and
+on-demand as the deadline policy says: it asks the attempt to checkpoint and stop, and
+when it has stopped (or has not within the wait) resumes it on the other capacity.
 """
 
 from __future__ import annotations
@@ -15,8 +19,8 @@ from datetime import datetime
 import structlog
 
 from services.checkpointer import metrics, policy
-from services.checkpointer.model import GiveUp, RecoveryConfig, Resume
-from services.checkpointer.ports import CheckpointStore, JobReader, RayNodes
+from services.checkpointer.model import GiveUp, JobRecord, Move, MoveConfig, RecoveryConfig, Resume
+from services.checkpointer.ports import CheckpointStore, JobReader, PoolsReader, RayNodes
 from shared.checkpoints import CheckpointRequest
 from shared.clock import Clock
 from shared.events import Event, EventData, new_event
@@ -28,6 +32,13 @@ log = structlog.get_logger()
 
 
 @dataclass(frozen=True)
+class PendingMove:
+    move: Move
+    asked_at: datetime
+    """When the attempt was asked to checkpoint and stop."""
+
+
+@dataclass(frozen=True)
 class Deps:
     bus: EventPublisher
     clock: Clock
@@ -35,6 +46,12 @@ class Deps:
     checkpoints: CheckpointStore
     ray: RayNodes
     config: RecoveryConfig
+    pools: PoolsReader
+    moves: MoveConfig = field(default_factory=MoveConfig)
+    moving: dict[str, PendingMove] = field(default_factory=dict)
+    """Moves asked for and not yet resumed, by job. In memory: after a restart, the stopped
+    attempt resumes as after a loss (spending nothing of its budget) and the next review
+    decides again."""
     counted: set[str] = field(default_factory=set)
     """What the metrics already counted: the same loss arrives from several sources, a
     decision is published again on every repeat (the bus keeps one), and neither is news."""
@@ -80,10 +97,84 @@ async def on_job_interrupted(event: Event[JobInterrupted], deps: Deps) -> None:
     await _recover(event.data.job_id, event.data.attempt, deps, signalled_at=event.time)
 
 
+async def review_moves(deps: Deps) -> None:
+    """Every running deadline job, by the deadline policy: ask those that should change
+    capacity to checkpoint and stop; resume on the other capacity those that were asked and
+    did not stop within the wait (from the latest checkpoint there is)."""
+    now = deps.clock.now()
+    records = {record.job_id: record for record in await deps.jobs.active()}
+    for job_id, asked in list(deps.moving.items()):
+        current = records[job_id].current if job_id in records else None
+        if current is None or current.number != asked.move.attempt:
+            del deps.moving[job_id]  # resumed (by either path), or ended
+    pools = await deps.pools.status()
+    if pools is None:
+        return  # no scaler yet: nothing says what spot looks like
+    for record in records.values():
+        pending = deps.moving.get(record.job_id)
+        if pending is not None:
+            if (now - pending.asked_at).total_seconds() >= deps.moves.checkpoint_wait_s:
+                await _resume_moved(record, pending.move, deps, signalled_at=pending.asked_at)
+            continue
+        move = policy.move(record, pools, now, deps.moves)
+        if move is None:
+            continue
+        deps.moving[record.job_id] = PendingMove(move, asked_at=now)
+        log.info(
+            "job.move",
+            job_id=record.job_id,
+            attempt=move.attempt,
+            to=move.capacity.value,
+            reason=move.reason.value,
+            slack_s=round(move.slack_s),
+        )
+        if record.checkpoint_uri is None:
+            await _resume_moved(record, move, deps, signalled_at=now)
+            continue
+        request = CheckpointRequest(
+            job_id=record.job_id, attempt=move.attempt, requested_at=now, moving=True
+        )
+        await deps.checkpoints.request(record.checkpoint_uri, request)
+        metrics.CHECKPOINT_REQUESTS.inc()
+
+
+async def _resume_moved(
+    record: JobRecord, move: Move, deps: Deps, *, signalled_at: datetime
+) -> None:
+    checkpoint = None
+    if record.checkpoint_uri is not None:
+        checkpoint = await deps.checkpoints.latest(record.checkpoint_uri)
+    match policy.moved(record, move, checkpoint):
+        case Resume(resumed=resumed):
+            event_id = f"job-resumed-{record.job_id}-{resumed.attempt}"
+            await _publish(deps, resumed, event_id, record.job_id)
+            if _first_time(deps, f"resumed-{record.job_id}-{resumed.attempt}"):
+                metrics.MOVES.labels(move.reason.value).inc()
+                metrics.RESUMES.labels(resumed.capacity.value).inc()
+                took = (deps.clock.now() - signalled_at).total_seconds()
+                metrics.DECISION_SECONDS.observe(max(took, 0.0))
+            log.info(
+                "job.moved",
+                job_id=record.job_id,
+                attempt=resumed.attempt,
+                from_step=resumed.from_step,
+                steps_lost=resumed.steps_lost,
+                capacity=resumed.capacity.value,
+                reason=move.reason.value,
+            )
+        case skip:
+            log.info("job.not_moved", job_id=record.job_id, attempt=move.attempt, why=str(skip))
+
+
 async def _recover(job_id: str, attempt: int, deps: Deps, *, signalled_at: datetime) -> None:
     record = await deps.jobs.get(job_id)
     if record is None:
         log.warning("job.unknown", job_id=job_id)
+        return
+    pending = deps.moving.get(job_id)
+    if pending is not None and pending.move.attempt == attempt:
+        # Stopped as it was asked to (or lost meanwhile): it goes on where it was moving to.
+        await _resume_moved(record, pending.move, deps, signalled_at=signalled_at)
         return
     checkpoint = None
     if record.checkpoint_uri is not None:

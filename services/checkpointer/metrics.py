@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Histogram
 
+from shared.events.data import MoveReason
 from shared.events.types import CapacityClass
 
 NOTICES = Counter(
@@ -16,6 +17,11 @@ CHECKPOINT_REQUESTS = Counter(
 )
 RESUMES = Counter(
     "spotrain_resumes_total", "Attempts resumed from a checkpoint, by capacity.", ["capacity"]
+)
+MOVES = Counter(
+    "spotrain_capacity_moves_total",
+    "Running deadline jobs moved to other capacity, by reason.",
+    ["reason"],
 )
 GIVE_UPS = Counter("spotrain_jobs_given_up_total", "Jobs that ran out of restarts.")
 DECISION_SECONDS = Histogram(
@@ -31,3 +37,5 @@ def declare() -> None:
     """Resumes by every capacity from 0 at start: "none yet" reads as 0, not as no series."""
     for capacity in CapacityClass:
         RESUMES.labels(capacity.value)
+    for reason in MoveReason:
+        MOVES.labels(reason.value)

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 from pydantic import Field
 
-from shared.events.data import JobFailed, JobResumed
-from shared.events.types import Frozen
+from shared.events.data import JobFailed, JobResumed, MoveReason
+from shared.events.types import CapacityClass, Frozen
 from shared.jobs import Attempt, AttemptState, JobRecord, JobState
 
 __all__ = [
@@ -17,6 +17,8 @@ __all__ = [
     "JobRecord",
     "JobState",
     "LatestCheckpoint",
+    "Move",
+    "MoveConfig",
     "Recovery",
     "RecoveryConfig",
     "Resume",
@@ -29,6 +31,28 @@ class RecoveryConfig(Frozen):
     """An `any` job that lost its capacity this many times moves to on-demand capacity."""
     min_notice_s: float = Field(2.0, ge=0)
     """A notice shorter than this leaves no time to checkpoint: the loss is waited for."""
+
+
+class MoveConfig(Frozen):
+    review_interval_s: float = Field(5.0, gt=0)
+    """How often running deadline jobs are reviewed: the deadline policy's decision interval."""
+    checkpoint_wait_s: float = Field(30.0, ge=0)
+    """How long a move waits for the checkpoint it asked for before it moves anyway (from
+    the latest checkpoint there is)."""
+    restart_overhead_s: float = Field(60.0, ge=0)
+    """What a restart costs in time without progress, until the job's own resumes say."""
+
+
+@dataclass(frozen=True)
+class Move:
+    """Stop the job's running attempt and go on from its checkpoint on `capacity`."""
+
+    job_id: str
+    attempt: int
+    capacity: CapacityClass
+    reason: MoveReason
+    slack_s: float
+    """What the deadline policy left to spare when it decided."""
 
 
 @dataclass(frozen=True)

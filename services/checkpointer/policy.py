@@ -1,10 +1,12 @@
-"""The checkpointer's decisions, pure: which attempts a notice or a loss concerns, and how
-a lost attempt carries on (from which checkpoint, on which capacity, or not at all)."""
+"""The checkpointer's decisions, pure: which attempts a notice or a loss concerns, how
+a lost attempt carries on (from which checkpoint, on which capacity, or not at all), and
+when a running deadline job moves between spot and on-demand (`shared.deadline`)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from datetime import datetime
+from statistics import median
 
 from services.checkpointer.model import (
     Attempt,
@@ -12,13 +14,19 @@ from services.checkpointer.model import (
     GiveUp,
     JobRecord,
     LatestCheckpoint,
+    Move,
+    MoveConfig,
     Recovery,
     RecoveryConfig,
     Resume,
     Skip,
 )
-from shared.events.data import JobFailed, JobResumed
+from shared import deadline
+from shared.deadline import Run, WindowTally
+from shared.events.data import JobFailed, JobResumed, MoveReason
 from shared.events.types import CapacityClass
+from shared.jobs import work_left_s
+from shared.pools import PoolsStatus, PoolStatus
 
 _ENDED_ON_ITS_OWN = (AttemptState.SUCCEEDED, AttemptState.FAILED, AttemptState.STOPPED)
 
@@ -107,3 +115,112 @@ def next_capacity(
     if losses >= config.fallback_after_interruptions:
         return CapacityClass.ON_DEMAND
     return current
+
+
+def move(record: JobRecord, pools: PoolsStatus, now: datetime, config: MoveConfig) -> Move | None:
+    """Whether a running deadline job should leave on-demand now, by the deadline policy:
+    when spot can be had and its windows pay for the restarts, or when the job is so far
+    ahead that it can stop paying for on-demand and wait for spot. It goes back to `any`:
+    the scaler then places it by the same policy (spot while there is spot, on-demand again
+    once the deadline needs it). Only jobs that asked for `any` move: spot or on-demand
+    were asked for on purpose.
+
+    A job on spot never moves to on-demand while it runs: its slack does not shrink while
+    it progresses, and once its pace says even on-demand would be late, a restart would
+    only end it later. It goes to on-demand when it loses spot, placed by the same policy."""
+    attempt = record.current
+    request = record.request
+    if (
+        request.deadline is None
+        or request.capacity is not CapacityClass.ANY
+        or record.cancel_requested
+        or not record.is_active
+        or attempt is None
+        or attempt.state is not AttemptState.RUNNING
+        or attempt.pool is None
+    ):
+        return None
+    by_name = {pool.pool: pool for pool in pools.pools}
+    held = by_name.get(attempt.pool)
+    work_left = work_left_s(record, now)
+    if held is None or held.capacity is CapacityClass.ANY or work_left is None:
+        return None
+    running = Run.SPOT if held.capacity is CapacityClass.SPOT else Run.ON_DEMAND
+    # Pools of the shape it runs on: a GPU job is never weighed against CPU pools' prices.
+    fitting = [
+        p for p in pools.pools if p.gpus_per_node is None or p.gpus_per_node >= gpus_of(held)
+    ]
+    spot = [p for p in fitting if p.capacity is CapacityClass.SPOT]
+    on_demand = [p for p in fitting if p.capacity is CapacityClass.ON_DEMAND]
+    if not spot or not on_demand:
+        return None  # nowhere to move to
+    restart_h = restart_overhead_s(record, config) / 3600
+    # What it pays where it is, against the cheapest of the other capacity.
+    held_price = held.price_per_hour_usd
+    spot_price = held_price if running is Run.SPOT else min(p.price_per_hour_usd for p in spot)
+    od_price = (
+        held_price if running is Run.ON_DEMAND else min(p.price_per_hour_usd for p in on_demand)
+    )
+    ratio = spot_price / max(od_price, 1e-9)
+    state = deadline.DeadlineState(
+        hours_left=(request.deadline - now).total_seconds() / 3600,
+        work_left_h=work_left / 3600,
+        running=running,
+        restart_overhead_h=restart_h,
+        decision_interval_h=config.review_interval_s / 3600,
+        # Running on spot, it has spot; on on-demand, spot is there if a pool can grow.
+        spot_available=running is Run.SPOT or any(p.can_grow or p.gpus_free for p in spot),
+        spot_price_ratio=min(1.0, max(ratio, 1e-6)),
+        outlook=deadline.outlook(WindowTally(), 0.0, restart_h),
+    )
+    decision = deadline.decide(state)
+    if running is not Run.ON_DEMAND or decision.run is Run.ON_DEMAND:
+        return None
+    reason = MoveReason.SPOT_RETURNED if decision.run is Run.SPOT else MoveReason.AHEAD_OF_DEADLINE
+    return Move(
+        record.job_id, attempt.number, CapacityClass.ANY, reason, slack_s=decision.slack_h * 3600
+    )
+
+
+def restart_overhead_s(record: JobRecord, config: MoveConfig) -> float:
+    """What a restart of this job costs, as measured on its own resumed attempts (from
+    their submission to their start: placement, boot, resume); the configured guess until
+    it has been resumed."""
+    measured = [
+        (a.started_at - a.submitted_at).total_seconds()
+        for a in record.attempts[1:]
+        if a.started_at is not None
+    ]
+    return median(measured) if measured else config.restart_overhead_s
+
+
+def gpus_of(pool: PoolStatus) -> int:
+    return pool.gpus_per_node or 0
+
+
+def moved(record: JobRecord, move: Move, checkpoint: LatestCheckpoint | None) -> Recovery:
+    """How the job goes on once its attempt stopped for `move` (or will not stop by itself):
+    the next attempt, from the latest checkpoint, on the move's capacity. Unlike a loss, it
+    spends nothing of the restart budget."""
+    attempt = record.current
+    if not record.is_active:
+        return Skip(f"the job is {record.state.value}")
+    if record.cancel_requested:
+        return Skip("the job is being cancelled")
+    if attempt is None or attempt.number != move.attempt:
+        return Skip(f"attempt {move.attempt} is no longer the current one")
+    if attempt.state in _ENDED_ON_ITS_OWN:
+        return Skip(f"attempt {move.attempt} {attempt.state.value} on its own")
+    from_step = checkpoint.step if checkpoint is not None else 0
+    reached = attempt.step if attempt.step is not None else from_step
+    return Resume(
+        JobResumed(
+            job_id=record.job_id,
+            attempt=move.attempt + 1,
+            from_checkpoint=checkpoint.uri if checkpoint is not None else None,
+            from_step=from_step,
+            steps_lost=max(0, reached - from_step),
+            capacity=move.capacity,
+            moved=move.reason,
+        )
+    )

@@ -7,6 +7,7 @@ from typing import Protocol
 
 from services.checkpointer.model import JobRecord, LatestCheckpoint
 from shared.checkpoints import CheckpointRequest
+from shared.pools import PoolsStatus
 
 
 class JobReader(Protocol):
@@ -35,4 +36,12 @@ class RayNodes(Protocol):
     async def drain(self, node: str, deadline: datetime) -> bool:
         """Tell Ray the node goes away at `deadline`, so nothing new is placed on it.
         False when Ray does not know the node (already gone) or refuses."""
+        ...
+
+
+class PoolsReader(Protocol):
+    """The scaler's view of its pools (its `pools` bucket), read-only."""
+
+    async def status(self) -> PoolsStatus | None:
+        """The latest view; None before the scaler's first pass."""
         ...

@@ -135,7 +135,13 @@ async def reconcile(deps: Deps) -> ScalePlan:
     )
     decided = policy.plan(deps.pools, views, demands, deps.config, now, unavailable=unavailable)
     status = policy.summarize(
-        deps.pools, nodes=views, demands=demands, decided=decided, config=deps.config, now=now
+        deps.pools,
+        nodes=views,
+        demands=demands,
+        decided=decided,
+        config=deps.config,
+        now=now,
+        out_of_capacity_until=deps.out_of_capacity_until,
     )
     await deps.status.publish_status(status)
     metrics.PASS.replace(metrics.pass_samples(status, demands))

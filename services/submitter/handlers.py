@@ -21,6 +21,7 @@ from services.submitter.ports import (
     StaleRevisionError,
     Workspaces,
 )
+from shared.checkpoints import StopAsk
 from shared.clock import Clock
 from shared.events import Event, EventData, new_event
 from shared.events.data import (
@@ -186,13 +187,15 @@ async def _track(record: JobRecord, attempt: Attempt, revision: Revision, deps: 
         if moved is None:
             return  # someone moved the record on; the next pass starts from there
         record, revision = moved
-    asked_to_stop = False
+    asked = StopAsk.NONE
     if status is not None and status.state is RayJobState.FAILED:
-        asked_to_stop = await deps.progress.checkpoint_requested(
-            _checkpoint_uri(record, deps), attempt.number
-        )
+        asked = await deps.progress.stop_asked(_checkpoint_uri(record, deps), attempt.number)
     transition = policy.on_ray_status(
-        record, status, deps.clock.now(), checkpoint_requested=asked_to_stop
+        record,
+        status,
+        deps.clock.now(),
+        checkpoint_requested=asked is not StopAsk.NONE,
+        moving=asked is StopAsk.MOVE,
     )
     if transition.reason is Reason.NOT_SUBMITTED:
         # Accepted, but the process died before Ray heard of the attempt.

@@ -245,11 +245,14 @@ def on_ray_status(
     now: datetime,
     *,
     checkpoint_requested: bool = False,
+    moving: bool = False,
 ) -> Transition:
     """How the record moves given what Ray says of its current attempt.
 
     `checkpoint_requested`: whether the platform asked this attempt to checkpoint and stop
-    (CHECKPOINT_NOW names it); only looked at when Ray says the attempt failed.
+    (CHECKPOINT_NOW names it); `moving`: whether it asked so to move the job to other
+    capacity (then its end is a move, not a loss). Only looked at when Ray says the
+    attempt failed.
     """
     attempt = record.current
     if attempt is None or attempt.state not in (AttemptState.SUBMITTED, AttemptState.RUNNING):
@@ -295,6 +298,8 @@ def on_ray_status(
                     if checkpoint_requested
                     else InterruptionCause.NODE_LOST
                 )
+                if checkpoint_requested and moving:
+                    cause = InterruptionCause.MOVED
                 return _interrupted(record, _placed(attempt, status), cause, now, message)
             failed = _ended(attempt, AttemptState.FAILED, now, message)
             failure = JobFailed(job_id=job_id, attempt=n, message=message[-8000:])
@@ -386,9 +391,11 @@ def resume(record: JobRecord, resumed: JobResumed, now: datetime) -> Transition:
         return Transition(Reason.UNCHANGED, record)
     facts: tuple[Fact, ...] = ()
     if attempt.state in (AttemptState.SUBMITTED, AttemptState.RUNNING):
-        interrupted = _interrupted(
-            record, attempt, InterruptionCause.NODE_LOST, now, "its node was lost"
-        )
+        cause, message = InterruptionCause.NODE_LOST, "its node was lost"
+        if resumed.moved is not None:
+            cause = InterruptionCause.MOVED
+            message = f"moved to {resumed.capacity.value} capacity ({resumed.moved.value})"
+        interrupted = _interrupted(record, attempt, cause, now, message)
         record, facts = interrupted.record, interrupted.facts
     elif attempt.state is not AttemptState.LOST:
         return Transition(Reason.UNCHANGED, record)

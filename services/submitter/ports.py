@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Protocol
 
 from services.submitter.model import JobRecord, RayJobStatus, SubmissionPlan
-from shared.checkpoints import ProgressReport
+from shared.checkpoints import ProgressReport, StopAsk
 from shared.events.types import ObjectRef
 
 Revision = int
@@ -59,8 +59,9 @@ class ProgressReader(Protocol):
         consistent: a report may lag the training loop by one write."""
         ...
 
-    async def checkpoint_requested(self, checkpoint_uri: str, attempt: int) -> bool:
-        """Whether the platform asked `attempt` to checkpoint and stop (CHECKPOINT_NOW)."""
+    async def stop_asked(self, checkpoint_uri: str, attempt: int) -> StopAsk:
+        """Whether the platform asked `attempt` to checkpoint and stop (CHECKPOINT_NOW), and
+        why: its node goes, or the job moves to other capacity."""
         ...
 
 

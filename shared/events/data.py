@@ -168,6 +168,18 @@ class JobCheckpointed(EventData):
 class InterruptionCause(StrEnum):
     PREEMPTED = "preempted"
     NODE_LOST = "node-lost"
+    MOVED = "moved"
+    """The platform stopped it to go on elsewhere (`job.resumed` with `moved`): not a loss,
+    so it spends none of the job's restart budget."""
+
+
+class MoveReason(StrEnum):
+    """Why the platform moved a running attempt to other capacity."""
+
+    SPOT_RETURNED = "spot-returned"
+    """Spot is back, and the deadline leaves room for the restarts of a round trip."""
+    AHEAD_OF_DEADLINE = "ahead-of-deadline"
+    """On on-demand with slack to spare: it stops paying for on-demand and waits for spot."""
 
 
 class JobInterrupted(EventData):
@@ -194,6 +206,9 @@ class JobResumed(EventData):
     from_step: Step = 0
     steps_lost: Step = 0
     capacity: CapacityClass
+    moved: MoveReason | None = None
+    """Set when the attempt it follows was still running and the platform moved it (its
+    deadline policy): that attempt is stopped, and it is not counted as a loss."""
 
 
 class JobSucceeded(EventData):

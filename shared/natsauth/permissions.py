@@ -374,9 +374,11 @@ TABLE: tuple[RoleSpec, ...] = (
     ),
     _service(
         Role.CHECKPOINTER,
-        "resumes interrupted jobs from their latest checkpoint, or gives up on them",
+        "resumes interrupted jobs from their latest checkpoint, or gives up on them; moves"
+        " running deadline jobs between spot and on-demand",
         (JobResumed, JobFailed),
         ReadsBucket(Bucket.JOBS, listing=False),
+        ReadsBucket(Bucket.POOLS, listing=False),
     ),
     RoleSpec(
         Role.METADATA_AGENT,

@@ -226,11 +226,10 @@ def job_event(
                 return f":rocket: {job} is running{where}."
             return f":rocket: {job} is running again{where} (attempt {attempt})."
         case JobInterrupted(attempt=attempt, node=node, cause=cause):
-            why = (
-                "its spot node was preempted"
-                if cause is InterruptionCause.PREEMPTED
-                else "its node was lost"
-            )
+            why = {
+                InterruptionCause.PREEMPTED: "its spot node was preempted",
+                InterruptionCause.MOVED: "the platform moved it to other capacity",
+            }.get(cause, "its node was lost")
             return (
                 f":warning: {job} attempt {attempt} was interrupted: {why} "
                 f"({escape(node)}). It resumes from its latest checkpoint."

@@ -6,6 +6,7 @@ from datetime import datetime
 
 from services.checkpointer.model import JobRecord, LatestCheckpoint
 from shared.checkpoints import CheckpointRequest
+from shared.pools import PoolsStatus
 
 
 class FakeJobs:
@@ -41,3 +42,13 @@ class FakeRayNodes:
             return False
         self.drained.append((node, deadline))
         return True
+
+
+class FakePools:
+    """The scaler's view of its pools, as its bucket holds it (None before its first pass)."""
+
+    def __init__(self, status: PoolsStatus | None = None) -> None:
+        self.latest = status
+
+    async def status(self) -> PoolsStatus | None:
+        return self.latest

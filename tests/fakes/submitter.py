@@ -7,7 +7,7 @@ from pathlib import Path
 
 from services.submitter.model import JobRecord, RayJobState, RayJobStatus, SubmissionPlan
 from services.submitter.ports import Revision, StaleRevisionError
-from shared.checkpoints import ProgressReport
+from shared.checkpoints import ProgressReport, StopAsk
 from shared.events.types import ObjectRef
 
 
@@ -88,9 +88,14 @@ class FakeProgress:
     def __init__(self) -> None:
         self.reports: dict[str, ProgressReport] = {}
         self.checkpoint_requests: set[tuple[str, int]] = set()
+        self.moves_requested: set[tuple[str, int]] = set()
 
     async def latest(self, checkpoint_uri: str) -> ProgressReport | None:
         return self.reports.get(checkpoint_uri)
 
-    async def checkpoint_requested(self, checkpoint_uri: str, attempt: int) -> bool:
-        return (checkpoint_uri, attempt) in self.checkpoint_requests
+    async def stop_asked(self, checkpoint_uri: str, attempt: int) -> StopAsk:
+        if (checkpoint_uri, attempt) in self.moves_requested:
+            return StopAsk.MOVE
+        if (checkpoint_uri, attempt) in self.checkpoint_requests:
+            return StopAsk.STOP
+        return StopAsk.NONE

@@ -26,7 +26,7 @@ from shared.events.data import (
 from shared.jobs import AttemptState
 from shared.messaging.memory import InMemoryBus
 from tests.events import NOW
-from tests.fakes.checkpointer import FakeCheckpoints, FakeJobs, FakeRayNodes
+from tests.fakes.checkpointer import FakeCheckpoints, FakeJobs, FakePools, FakeRayNodes
 from tests.fakes.clock import FixedClock
 from tests.unit.test_checkpointer_policy import attempt, record
 
@@ -40,6 +40,7 @@ def deps() -> Deps:
         checkpoints=FakeCheckpoints(),
         ray=FakeRayNodes({"gpu-spot-1"}),
         config=RecoveryConfig(),
+        pools=FakePools(),
     )
 
 

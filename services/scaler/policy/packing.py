@@ -640,8 +640,13 @@ def summarize(
     decided: ScalePlan,
     config: ScalerConfig,
     now: datetime,
+    out_of_capacity_until: Mapping[str, datetime] | None = None,
 ) -> PoolsStatus:
-    """What `spotrain pools` shows: each pool's nodes, GPUs, price and the demand it serves."""
+    """What `spotrain pools` shows: each pool's nodes, GPUs, price and the demand it serves,
+    and until when a pool whose growth failed (a stock-out) is left alone."""
+    stocked_out = {
+        pool: until for pool, until in (out_of_capacity_until or {}).items() if until > now
+    }
     rows = []
     for pool in pools:
         members = [n for n in nodes if n.pool == pool.name]
@@ -660,6 +665,8 @@ def summarize(
                 target=decided.target(pool.name),
                 min_nodes=pool.min_nodes,
                 max_nodes=pool.max_nodes,
+                gpus_per_node=pool.gpus,
+                out_of_capacity_until=stocked_out.get(pool.name),
             )
         )
     by_name = {p.name: p for p in pools}

@@ -6,9 +6,10 @@ import asyncio
 
 from shared.checkpoints import (
     ProgressReport,
-    checkpoint_request_applies,
+    StopAsk,
     read_checkpoint_request,
     read_progress,
+    stop_ask,
 )
 
 
@@ -16,6 +17,6 @@ class StorageProgressReader:
     async def latest(self, checkpoint_uri: str) -> ProgressReport | None:
         return await asyncio.to_thread(read_progress, checkpoint_uri)
 
-    async def checkpoint_requested(self, checkpoint_uri: str, attempt: int) -> bool:
+    async def stop_asked(self, checkpoint_uri: str, attempt: int) -> StopAsk:
         raw = await asyncio.to_thread(read_checkpoint_request, checkpoint_uri)
-        return checkpoint_request_applies(raw, attempt)
+        return stop_ask(raw, attempt)
