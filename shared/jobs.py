@@ -9,7 +9,7 @@ from enum import StrEnum
 from pydantic import AwareDatetime, Field
 
 from shared.events.data import InterruptionCause, JobRequested, RejectionReason
-from shared.events.types import CapacityClass, Frozen
+from shared.events.types import Bundle, CapacityClass, Frozen
 
 
 def jobs_bucket(prefix: str) -> str:
@@ -195,6 +195,11 @@ def deadline_outlook(record: JobRecord, now: datetime) -> DeadlineOutlook | None
     return DeadlineOutlook(
         deadline=deadline, left_s=left_s, needed_s=needed, basis=basis, on_track=needed <= left_s
     )
+
+
+def bundles_of(request: JobRequested) -> tuple[Bundle, ...]:
+    """The job's demand: one bundle per worker, to be placed all or none."""
+    return (request.worker,) * request.num_workers
 
 
 def work_left_s(record: JobRecord, now: datetime) -> float | None:

@@ -24,7 +24,8 @@ from services.checkpointer.ports import CheckpointStore, JobReader, PoolsReader,
 from shared.checkpoints import CheckpointRequest
 from shared.clock import Clock
 from shared.events import Event, EventData, new_event
-from shared.events.data import JobInterrupted, NodeLost, NodePreempting
+from shared.events.data import JobInterrupted, JobMoveRequested, NodeLost, NodePreempting
+from shared.jobs import bundles_of
 from shared.messaging import EventPublisher, HandlerWithDeps
 
 SERVICE = "checkpointer"
@@ -119,6 +120,9 @@ async def review_moves(deps: Deps) -> None:
         move = policy.move(record, pools, now, deps.moves)
         if move is None:
             continue
+        if not move.room:
+            await _ask_for_room(record, move, deps)
+            continue
         deps.moving[record.job_id] = PendingMove(move, asked_at=now)
         log.info(
             "job.move",
@@ -136,6 +140,23 @@ async def review_moves(deps: Deps) -> None:
         )
         await deps.checkpoints.request(record.checkpoint_uri, request)
         metrics.CHECKPOINT_REQUESTS.inc()
+
+
+async def _ask_for_room(record: JobRecord, move: Move, deps: Deps) -> None:
+    """Make before break: the scaler grows the capacity the job would move to (or learns
+    that the market has none), and a later review moves the job once there is room."""
+    wanted = JobMoveRequested(
+        job_id=record.job_id,
+        attempt=move.attempt,
+        capacity=move.capacity,
+        bundles=bundles_of(record.request),
+        priority=record.request.priority,
+        reason=move.reason,
+    )
+    event_id = f"job-move-requested-{record.job_id}-{move.attempt}-{move.capacity.value}"
+    await _publish(deps, wanted, event_id, record.job_id)
+    if _first_time(deps, event_id):
+        log.info("job.move_requested", job_id=record.job_id, attempt=move.attempt)
 
 
 async def _resume_moved(

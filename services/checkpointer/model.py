@@ -53,6 +53,9 @@ class Move:
     reason: MoveReason
     slack_s: float
     """What the deadline policy left to spare when it decided."""
+    room: bool = True
+    """Whether there is room on `capacity` now. Without, the move waits: the room is asked
+    for (`job.move_requested`) and the attempt keeps running meanwhile."""
 
 
 @dataclass(frozen=True)

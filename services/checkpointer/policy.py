@@ -25,7 +25,7 @@ from shared import deadline
 from shared.deadline import Run, WindowTally
 from shared.events.data import JobFailed, JobResumed, MoveReason
 from shared.events.types import CapacityClass
-from shared.jobs import work_left_s
+from shared.jobs import bundles_of, work_left_s
 from shared.pools import PoolsStatus, PoolStatus
 
 _ENDED_ON_ITS_OWN = (AttemptState.SUCCEEDED, AttemptState.FAILED, AttemptState.STOPPED)
@@ -107,8 +107,11 @@ def recover(
 def next_capacity(
     record: JobRecord, attempt: Attempt, losses: int, config: RecoveryConfig
 ) -> CapacityClass:
-    """Spot and on-demand requests keep what they asked for; an `any` job moves to
-    on-demand after repeated losses, and stays there."""
+    """Spot and on-demand requests keep what they asked for; an `any` job with a deadline
+    goes on as `any`, placed by the deadline policy (also after a move pinned it to spot);
+    any other `any` job moves to on-demand after repeated losses, and stays there."""
+    if record.request.capacity is CapacityClass.ANY and record.request.deadline is not None:
+        return CapacityClass.ANY
     current = record.capacity_of(attempt)
     if record.request.capacity is not CapacityClass.ANY or current is CapacityClass.ON_DEMAND:
         return current
@@ -119,11 +122,10 @@ def next_capacity(
 
 def move(record: JobRecord, pools: PoolsStatus, now: datetime, config: MoveConfig) -> Move | None:
     """Whether a running deadline job should leave on-demand now, by the deadline policy:
-    when spot can be had and its windows pay for the restarts, or when the job is so far
-    ahead that it can stop paying for on-demand and wait for spot. It goes back to `any`:
-    the scaler then places it by the same policy (spot while there is spot, on-demand again
-    once the deadline needs it). Only jobs that asked for `any` move: spot or on-demand
-    were asked for on purpose.
+    to spot when spot can be had and its windows pay for the restarts (once there is room
+    on spot: `Move.room`), or back to `any` when the job is so far ahead that it can stop
+    paying for on-demand and wait for spot (the scaler then places it by the same policy).
+    Only jobs that asked for `any` move: spot or on-demand were asked for on purpose.
 
     A job on spot never moves to on-demand while it runs: its slack does not shrink while
     it progresses, and once its pace says even on-demand would be late, a restart would
@@ -176,9 +178,20 @@ def move(record: JobRecord, pools: PoolsStatus, now: datetime, config: MoveConfi
     decision = deadline.decide(state)
     if running is not Run.ON_DEMAND or decision.run is Run.ON_DEMAND:
         return None
-    reason = MoveReason.SPOT_RETURNED if decision.run is Run.SPOT else MoveReason.AHEAD_OF_DEADLINE
+    slack_s = decision.slack_h * 3600
+    if decision.run is Run.WAIT:
+        return Move(
+            record.job_id, attempt.number, CapacityClass.ANY, MoveReason.AHEAD_OF_DEADLINE, slack_s
+        )
+    per_node = max(bundle.gpus for bundle in bundles_of(request))
+    room = any(p.gpus_free >= per_node and (p.gpus_per_node or 0) >= per_node for p in spot)
     return Move(
-        record.job_id, attempt.number, CapacityClass.ANY, reason, slack_s=decision.slack_h * 3600
+        record.job_id,
+        attempt.number,
+        CapacityClass.SPOT,
+        MoveReason.SPOT_RETURNED,
+        slack_s,
+        room=room,
     )
 
 

@@ -32,6 +32,7 @@ from shared.events.data import (
     JobCancelled,
     JobFailed,
     JobInterrupted,
+    JobMoveRequested,
     JobQueued,
     JobStarted,
     JobSucceeded,
@@ -106,14 +107,38 @@ async def on_job_queued(event: Event[JobQueued], deps: Deps) -> None:
     log.info("demand.queued", attempt=queued.attempt, gpus=gpus, capacity=queued.capacity.value)
 
 
+async def on_job_move_requested(event: Event[JobMoveRequested], deps: Deps) -> None:
+    """Room wanted for a running attempt to move to: pending demand of the attempt that
+    would follow it, on the capacity asked, kept apart from the job's own."""
+    wanted = event.data
+    await deps.demand.put(
+        Demand(
+            job_id=move_demand_id(wanted.job_id),
+            attempt=wanted.attempt + 1,
+            bundles=wanted.bundles,
+            capacity=wanted.capacity,
+            priority=wanted.priority,
+            queued_at=event.time,
+        )
+    )
+    log.info("demand.move", job_id=wanted.job_id, capacity=wanted.capacity.value)
+
+
+def move_demand_id(job_id: str) -> str:
+    return f"{job_id}.move"
+
+
 async def on_job_settled(event: Event[Any], deps: Deps) -> None:
-    """The attempt started or ended: its demand is no longer pending."""
+    """The attempt started or ended: its demand is no longer pending, nor is the room
+    wanted for moving it (an attempt that ends, moved or not, wants no room)."""
     await deps.demand.remove(event.data.job_id, event.data.attempt)
+    await deps.demand.remove(move_demand_id(event.data.job_id), attempt=_EVERY_ATTEMPT)
 
 
 async def on_job_cancelled(event: Event[JobCancelled], deps: Deps) -> None:
     """A cancelled job has no pending demand, whichever attempt it was at."""
     await deps.demand.remove(event.data.job_id, attempt=_EVERY_ATTEMPT)
+    await deps.demand.remove(move_demand_id(event.data.job_id), attempt=_EVERY_ATTEMPT)
 
 
 _EVERY_ATTEMPT = 1_000_000
@@ -380,6 +405,7 @@ async def _publish(deps: Deps, data: EventData, event_id: str | None = None) -> 
 
 SUBSCRIPTIONS: dict[type[EventData], HandlerWithDeps[Deps]] = {
     JobQueued: on_job_queued,
+    JobMoveRequested: on_job_move_requested,
     JobStarted: on_job_settled,
     JobSucceeded: on_job_settled,
     JobFailed: on_job_settled,

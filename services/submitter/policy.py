@@ -35,8 +35,8 @@ from shared.events.data import (
     JobSucceeded,
     RejectionReason,
 )
-from shared.events.types import Bundle, Frozen
-from shared.jobs import deadline_refusal, work_left_s
+from shared.events.types import Frozen
+from shared.jobs import bundles_of, deadline_refusal, work_left_s
 from shared.resources import NODE_LABEL, RESOURCE_PER_JOB, capacity_resource
 
 
@@ -120,11 +120,6 @@ def new_record(
         attempts=(first,),
         checkpoint_uri=checkpoint_uri,
     )
-
-
-def bundles_of(request: JobRequested) -> tuple[Bundle, ...]:
-    """The job's demand: one bundle per worker, to be placed all or none."""
-    return (request.worker,) * request.num_workers
 
 
 def submission_id(job_id: str, attempt: int) -> str:

@@ -46,6 +46,7 @@ _MODELS: tuple[type[d.EventData], ...] = (
     d.JobCheckpointed,
     d.JobInterrupted,
     d.JobResumed,
+    d.JobMoveRequested,
     d.JobSucceeded,
     d.JobFailed,
     d.JobCancelRequested,

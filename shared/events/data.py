@@ -211,6 +211,24 @@ class JobResumed(EventData):
     deadline policy): that attempt is stopped, and it is not counted as a loss."""
 
 
+class JobMoveRequested(EventData):
+    """The platform would move a running attempt to `capacity`, and asks for room there
+    first (make before break): the scaler grows a pool of it as for a queued attempt of
+    this shape, learning meanwhile whether the market has any, and the attempt is moved
+    only once there is room. Withdrawn when the attempt ends, however it ends."""
+
+    aggregate = "job"
+    event = "move_requested"
+
+    job_id: JobId
+    attempt: Attempt
+    """The running attempt that would move."""
+    capacity: CapacityClass
+    bundles: Annotated[tuple[Bundle, ...], Field(min_length=1, max_length=256)]
+    priority: Annotated[int, Field(ge=0, le=9)] = 5
+    reason: MoveReason
+
+
 class JobSucceeded(EventData):
     aggregate = "job"
     event = "succeeded"

@@ -21,6 +21,7 @@ from shared.events.data import (
     JobCheckpointed,
     JobFailed,
     JobInterrupted,
+    JobMoveRequested,
     JobProgress,
     JobQueued,
     JobRejected,
@@ -376,7 +377,7 @@ TABLE: tuple[RoleSpec, ...] = (
         Role.CHECKPOINTER,
         "resumes interrupted jobs from their latest checkpoint, or gives up on them; moves"
         " running deadline jobs between spot and on-demand",
-        (JobResumed, JobFailed),
+        (JobResumed, JobFailed, JobMoveRequested),
         ReadsBucket(Bucket.JOBS, listing=False),
         ReadsBucket(Bucket.POOLS, listing=False),
     ),

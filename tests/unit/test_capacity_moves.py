@@ -32,11 +32,12 @@ from shared.events import decode, new_event
 from shared.events.data import (
     InterruptionCause,
     JobInterrupted,
+    JobMoveRequested,
     JobRequested,
     JobResumed,
     MoveReason,
 )
-from shared.events.types import CapacityClass
+from shared.events.types import Bundle, CapacityClass
 from shared.messaging.memory import InMemoryBus
 from shared.pools import PoolsStatus, PoolStatus
 from tests.events import NOW
@@ -75,7 +76,9 @@ def pool(
     )
 
 
-def pools(*, spot_stocked_out: bool = False, spot_full: bool = False) -> PoolsStatus:
+def pools(
+    *, spot_stocked_out: bool = False, spot_full: bool = False, spot_room: bool = False
+) -> PoolsStatus:
     spot = pool(
         "gpu-spot",
         CapacityClass.SPOT,
@@ -83,6 +86,8 @@ def pools(*, spot_stocked_out: bool = False, spot_full: bool = False) -> PoolsSt
         nodes=4 if spot_full else 1,
         stocked_out=spot_stocked_out,
     )
+    if spot_room:
+        spot = spot.model_copy(update={"gpus_free": 2})
     return PoolsStatus(
         updated_at=NOW,
         budget_per_hour_usd=100,
@@ -125,6 +130,7 @@ def deadline_job(
         owner="alice",
         entrypoint=("python", "train.py"),
         capacity=capacity,
+        worker=Bundle(gpus=2),
         deadline=NOW + timedelta(hours=hours_left) if deadline else None,
     )
     return JobRecord(
@@ -142,7 +148,7 @@ def deadline_job(
     ("on", "hours_left", "work_left_h", "status", "expected"),
     [
         # On on-demand with room for a round trip, spot to be had: back to spot.
-        ("gpu-od", 12, 4, pools(), (CapacityClass.ANY, MoveReason.SPOT_RETURNED)),
+        ("gpu-od", 12, 4, pools(), (CapacityClass.SPOT, MoveReason.SPOT_RETURNED)),
         # ...but not while spot is stocked out or every spot pool is full: it stays.
         ("gpu-od", 5.3, 4.5, pools(spot_stocked_out=True), None),
         ("gpu-od", 5.3, 4.5, pools(spot_full=True), None),
@@ -155,7 +161,7 @@ def deadline_job(
             (CapacityClass.ANY, MoveReason.AHEAD_OF_DEADLINE),
         ),
         # Behind its reserve, but with room for a round trip's two restarts: spot still.
-        ("gpu-od", 4.2, 4, pools(), (CapacityClass.ANY, MoveReason.SPOT_RETURNED)),
+        ("gpu-od", 4.2, 4, pools(), (CapacityClass.SPOT, MoveReason.SPOT_RETURNED)),
         # Less than two restarts to spare: it stays on on-demand, whatever spot does.
         ("gpu-od", 4.03, 4, pools(), None),
         # On spot it stays while spot lasts: ahead, on the edge, or past saving by
@@ -175,6 +181,16 @@ def test_a_running_deadline_job_moves_as_the_deadline_policy_says(
     job = deadline_job(on=on, hours_left=hours_left, work_left_h=work_left_h)
     move = policy.move(job, status, NOW, CONFIG)
     assert (None if move is None else (move.capacity, move.reason)) == expected
+
+
+def test_a_move_to_spot_waits_for_room_there() -> None:
+    job = deadline_job(on="gpu-od", hours_left=12, work_left_h=4)
+    without = policy.move(job, pools(), NOW, CONFIG)
+    assert without is not None
+    assert not without.room, "a spot pool that can grow is not room yet"
+    with_room = policy.move(job, pools(spot_room=True), NOW, CONFIG)
+    assert with_room is not None
+    assert with_room.room
 
 
 @pytest.mark.parametrize(
@@ -223,7 +239,7 @@ def test_no_move_off_on_demand_leaves_less_than_a_restart_and_an_interval_to_spa
     on-demand a way to finish in time, started again after the next review."""
     job = deadline_job(on=on, hours_left=hours_left, work_left_h=work_left_h)
     move = policy.move(job, pools(spot_stocked_out=stocked_out), NOW, CONFIG)
-    if move is not None and move.capacity is CapacityClass.ANY:
+    if move is not None:
         assert on == "gpu-od"
         spare_h = hours_left - work_left_h
         assert spare_h >= (60 + 5) / HOUR - 1e-9
@@ -250,7 +266,7 @@ def deps() -> Deps:
         checkpoints=FakeCheckpoints(),
         ray=FakeRayNodes(set()),
         config=RecoveryConfig(),
-        pools=FakePools(pools()),
+        pools=FakePools(pools(spot_room=True)),
         moves=CONFIG,
     )
 
@@ -279,8 +295,27 @@ async def test_a_review_asks_for_a_checkpoint_and_the_stopped_attempt_resumes_wh
     [event] = published(deps)
     assert event.id == "job-resumed-job-1-2"
     assert isinstance(event.data, JobResumed)
-    assert (event.data.capacity, event.data.moved) == (CapacityClass.ANY, MoveReason.SPOT_RETURNED)
+    assert (event.data.capacity, event.data.moved) == (CapacityClass.SPOT, MoveReason.SPOT_RETURNED)
     assert event.data.from_step == 100
+
+
+async def test_without_room_on_spot_the_review_asks_for_it_and_the_attempt_runs_on(
+    deps: Deps,
+) -> None:
+    assert isinstance(deps.pools, FakePools)
+    deps.pools.latest = pools()
+    await review_moves(deps)
+    await review_moves(deps)
+    assert isinstance(deps.checkpoints, FakeCheckpoints)
+    assert deps.checkpoints.requests == [], "make before break: nothing stops yet"
+    [event] = {e.id: e for e in published(deps)}.values()
+    assert isinstance(event.data, JobMoveRequested)
+    assert (event.data.attempt, event.data.capacity) == (1, CapacityClass.SPOT)
+    assert event.data.bundles == (Bundle(gpus=2),)
+    deps.pools.latest = pools(spot_room=True)
+    await review_moves(deps)
+    [(_, request)] = deps.checkpoints.requests
+    assert request.moving
 
 
 async def test_an_attempt_that_does_not_stop_is_moved_once_the_wait_is_over(deps: Deps) -> None:

@@ -8,10 +8,23 @@ from typing import Any
 import pytest
 
 from services.scaler.adapters.node_history import BusNodeHistory
-from services.scaler.handlers import Deps, on_job_queued, on_job_settled, reconcile
+from services.scaler.handlers import (
+    Deps,
+    on_job_move_requested,
+    on_job_queued,
+    on_job_settled,
+    reconcile,
+)
 from services.scaler.model import PoolSpec, ScalerConfig
 from shared.events import decode, new_event
-from shared.events.data import JobQueued, JobStarted
+from shared.events.data import (
+    InterruptionCause,
+    JobInterrupted,
+    JobMoveRequested,
+    JobQueued,
+    JobStarted,
+    MoveReason,
+)
 from shared.events.types import Bundle, CapacityClass
 from shared.messaging.memory import InMemoryBus
 from tests.events import NOW
@@ -133,3 +146,27 @@ async def test_when_spot_capacity_fails_an_any_job_gets_on_demand_on_the_next_pa
     assert "spotrain.pool.resize_failed.v1" in [kind for kind, _ in published(deps)]
     await reconcile(deps)
     assert [pool.name for pool, _ in cluster.launched.values()] == ["gpu-od"]
+
+
+async def test_room_wanted_for_a_move_grows_spot_and_is_withdrawn_when_the_attempt_ends(
+    deps: Deps, cluster: FakeCluster
+) -> None:
+    """Make before break: the checkpointer asks for spot room before it stops a running
+    attempt; the scaler grows spot for it as for queued demand, apart from the job's own."""
+    wanted = JobMoveRequested(
+        job_id="job-1",
+        attempt=1,
+        capacity=CapacityClass.SPOT,
+        bundles=(Bundle(gpus=2),),
+        reason=MoveReason.SPOT_RETURNED,
+    )
+    await on_job_move_requested(new_event(wanted, source="checkpointer", time=NOW), deps)
+    await reconcile(deps)
+    assert list(cluster.launched) == ["gpu-spot-1"]
+    assert isinstance(deps.demand, InMemoryDemandStore)
+    assert [(d.job_id, d.attempt) for d in deps.demand.demands.values()] == [("job-1.move", 2)]
+    interrupted = JobInterrupted(
+        job_id="job-1", attempt=1, node="gpu-od-1", cause=InterruptionCause.MOVED
+    )
+    await on_job_settled(new_event(interrupted, source="submitter", time=NOW), deps)
+    assert deps.demand.demands == {}
