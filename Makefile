@@ -7,7 +7,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint down bench clean
+.PHONY: demo demo-market test lint down bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +21,13 @@ demo: $(STAMP)
 	$(BIN)/spotrain submit train_digits.py --workdir examples --spot --experiment demo \
 		--wait -- --steps 300 --step-delay-s 0.01
 	$(BIN)/spotrain ls
+	@echo "The stack keeps running: $(BIN)/spotrain status | $(BIN)/spotrain down"
+
+# A deadline job rides a stock-out of a spot market (x20: a trace minute in 3 s).
+demo-market: $(STAMP)
+	$(BIN)/spotrain down
+	$(BIN)/spotrain up --spot-market gpu-spot=examples/spot-stock-out.json,20
+	$(BIN)/spotrain demo --market
 	@echo "The stack keeps running: $(BIN)/spotrain status | $(BIN)/spotrain down"
 
 lint: $(STAMP)

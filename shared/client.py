@@ -248,8 +248,10 @@ class SpotrainClient:
     ) -> Ledger:
         """Every node-second billed since `since` (all of it by default) up to now,
         attributed to the attempts that held the nodes or to idle; see `shared.cost`."""
-        events = await self.cost_events()
+        # Sightings first: a node closed after they were read has its end among the events;
+        # read the other way round, it would be open with no sighting, billed nothing.
         sightings = await self.sightings()
+        events = await self.cost_events()
         return ledger(
             events,
             now=self._clock.now(),

@@ -129,9 +129,25 @@ def demo(
     preemptions: Annotated[
         int, typer.Option(min=1, max=3, help="Preempt the job this many times in a row.")
     ] = 1,
-    timeout: Annotated[str, typer.Option(help="How long the whole demo may take.")] = "5m",
+    timeout: Annotated[
+        str | None, typer.Option(help="How long the whole demo may take (5m; 8m with --market).")
+    ] = None,
+    market: Annotated[
+        bool,
+        typer.Option(
+            "--market",
+            help="A deadline job rides a stock-out of the stack's spot market: spot, "
+            "on-demand, back to spot (start the stack with `up --spot-market`).",
+        ),
+    ] = False,
 ) -> None:
     """Train on a spot node, preempt it mid-run, and watch the job resume from its checkpoint."""
+    if market:
+        from shared.cli.market_demo import run_market_demo  # noqa: PLC0415  # imports nats
+
+        timeout_s = duration_s(timeout or "8m")
+        asyncio.run(run_market_demo(out, workdir=workdir, timeout_s=timeout_s))
+        return
     from shared.cli.demo import DemoRun, run_demo  # noqa: PLC0415  # imports nats and numpy
 
     run = DemoRun(preempt_at_steps=(70, 130, 190)[:preemptions])
@@ -140,7 +156,7 @@ def demo(
             out,
             workdir=workdir,
             notice_s=duration_s(notice),
-            timeout_s=duration_s(timeout),
+            timeout_s=duration_s(timeout or "5m"),
             run=run,
         )
     )

@@ -119,8 +119,9 @@ class _View:
 
 async def _read(since: datetime | None, prices: dict[str, PoolPrice]) -> _View:
     async with await SpotrainClient.connect() as client:
-        events = await client.cost_events()
+        # Sightings first, as `SpotrainClient.costs` reads them (see there why).
         sightings = await client.sightings()
+        events = await client.cost_events()
         status = await client.pools()
     now = datetime.now(UTC)
     seen = billed_up_to(sightings)

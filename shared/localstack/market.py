@@ -8,11 +8,12 @@ the market; a later `up` keeps it, `down` ends it.
 
 from __future__ import annotations
 
+import math
 import os
 import tomllib
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from importlib import resources
 from pathlib import Path
 
@@ -127,3 +128,30 @@ def market_config(options: Sequence[SpotMarketOption], now: datetime) -> MarketC
         started_at=now,
         pools=tuple(MarketPool(pool=o.pool, file=o.file, speedup=o.speedup) for o in options),
     )
+
+
+@dataclass(frozen=True)
+class StockOut:
+    """A stretch of a market with no node to be had, between two with some."""
+
+    dry_from: datetime
+    wet_from: datetime
+
+
+def next_stock_out(market: LocalMarket, after: datetime, *, within_s: float) -> StockOut | None:
+    """The first stock-out that begins after `after`, while the pool had a node to hold
+    just before, and ends within `within_s` of `after`; None if the trace has none. Pure."""
+    tick_s = market.trace.gap_s / market.speedup
+    elapsed_s = (after - market.started_at).total_seconds()
+    first = max(0, math.ceil(elapsed_s / tick_s))
+    ticks = math.ceil(within_s / tick_s)
+    dry_from = None
+    for tick in range(first, first + ticks + 1):
+        at = market.started_at + timedelta(seconds=tick * tick_s)
+        held = market.trace.count_at(tick * market.trace.gap_s)
+        if dry_from is None and held == 0 and tick > first:
+            before = market.trace.count_at((tick - 1) * market.trace.gap_s)
+            dry_from = at if before > 0 else None
+        elif dry_from is not None and held > 0:
+            return StockOut(dry_from=dry_from, wet_from=at)
+    return None

@@ -47,8 +47,9 @@ async def close_open_nodes(
     try:
         # Read as `spotrain cost` reads them.
         reader = SpotrainClient(bus, SystemClock())
-        history = node_history(await reader.cost_events())
+        # Sightings first, as `SpotrainClient.costs` reads them.
         seen = billed_up_to(await reader.sightings())
+        history = node_history(await reader.cost_events())
         recorded = {
             node.node: end
             for node in history.open

@@ -20,6 +20,7 @@ from shared.cost.attribution import exact, seconds
 from shared.events.data import JobStarted, JobSucceeded, NodeLaunched, NodeLost, NodeReleased
 from shared.jobs import JobState
 from shared.messaging import BusSettings
+from shared.pools import NodeSightings
 from tests.cli import ENTRY as SPOTRAIN
 from tests.e2e.stack import spotrain
 
@@ -76,6 +77,15 @@ async def bill(client: SpotrainClient, now: datetime) -> Fraction:
     )
 
 
+async def node_story(client: SpotrainClient, seen_before: NodeSightings | None) -> str:
+    """Every node event and both sightings, for a failure to say which node moved how."""
+    lines = [f"sightings before: {seen_before}", f"sightings now: {await client.sightings()}"]
+    for event in await client.cost_events():
+        if isinstance(event.data, NodeLaunched | NodeReleased | NodeLost):
+            lines.append(f"{event.time.isoformat()} {event.source} {event.data!r}")
+    return "\n".join(lines)
+
+
 async def test_cost_matches_the_node_seconds_recorded(
     local_stack: dict[str, str], tmp_path: Path
 ) -> None:
@@ -101,13 +111,14 @@ async def test_cost_matches_the_node_seconds_recorded(
             assert time.monotonic() - started < 55, record
             await asyncio.sleep(0.5)
 
+        seen_before = await client.sightings()
         before = await bill(client, datetime.now(UTC))
         by_pool = await run(local_stack, "cost", "--by", "pool", "--json")
         after = await bill(client, datetime.now(UTC))
         assert by_pool.returncode == 0, by_pool.stderr
         billed = sum(Fraction(str(row["cost_usd"])) for row in json.loads(by_pool.stdout))
         slack = Fraction(len(json.loads(by_pool.stdout)), 1_000_000)  # rounding per row
-        assert before - slack <= billed <= after + slack
+        assert before - slack <= billed <= after + slack, await node_story(client, seen_before)
 
         jobs = await run(local_stack, "cost", "--experiment", experiment, "--json")
         assert jobs.returncode == 0, jobs.stderr

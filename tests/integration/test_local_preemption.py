@@ -81,6 +81,8 @@ def test_a_preemption_posts_its_notice_then_kills_the_node_and_its_drivers(
         time.sleep(0.05)
     lost = [s.data for s in source.look() if isinstance(s.data, NodeLost)]
     assert [(s.node, s.pool) for s in lost] == [("gpu-spot-1", "gpu-spot")]
+    # When the node was killed, as its folder recorded it: not when the watcher looked.
+    assert lost[0].lost_at == done.killed_at
     again = [s.data for s in source.look() if isinstance(s.data, NodeLost)]
     assert again == [], "a loss is said once"
 

@@ -6,11 +6,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncGenerator
+from datetime import datetime
 from pathlib import Path
 
 from services.preemption_watcher.model import NodeSignal
 from shared.clock import Clock
-from shared.events.data import NodeLost, NodePreempting, NoticeSource
+from shared.events.data import NodeEndSource, NodeLost, NodePreempting, NoticeSource
 from shared.localstack.nodes import NodeFolder
 from shared.localstack.processes import is_running
 
@@ -63,8 +64,17 @@ class LocalNodeSource:
                 node=name,
                 pool=self._folder.pool_of(name),
                 source=NoticeSource.LOCAL,
-                lost_at=self._clock.now(),
+                lost_at=self._lost_at(name),
             )
             signals.append(NodeSignal(key=f"{name}@{pid}", data=lost))
         self._alive.update(running)
         return signals
+
+    def _lost_at(self, name: str) -> datetime:
+        """When the node stopped, as its folder recorded it (as a cloud records a VM's
+        preemption); else now, when it was found gone. Found gone is up to a look late, and
+        the ledger would bill that much past the end until the record came."""
+        end = self._folder.recorded_end(name)
+        if end is not None and end.source is NodeEndSource.RECORDED:
+            return end.at
+        return self._clock.now()
