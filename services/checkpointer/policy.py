@@ -121,11 +121,15 @@ def next_capacity(
 
 
 def move(record: JobRecord, pools: PoolsStatus, now: datetime, config: MoveConfig) -> Move | None:
-    """Whether a running deadline job should leave on-demand now, by the deadline policy:
-    to spot when spot can be had and its windows pay for the restarts (once there is room
-    on spot: `Move.room`), or back to `any` when the job is so far ahead that it can stop
-    paying for on-demand and wait for spot (the scaler then places it by the same policy).
-    Only jobs that asked for `any` move: spot or on-demand were asked for on purpose.
+    """Whether a running deadline job should leave on-demand for spot now, by the deadline
+    policy: when spot can be had and its windows pay for the restarts (once there is room
+    on spot: `Move.room`). Only jobs that asked for `any` move: spot or on-demand were
+    asked for on purpose.
+
+    The policy's other way off on-demand, stopping to wait for spot once far enough ahead,
+    is not taken live: it saves at most the margin of one restart over the reserve, and
+    the job would be back on on-demand, a restart later, as soon as that margin is spent
+    (seen on the local market); moving straight to spot once there is room does better.
 
     A job on spot never moves to on-demand while it runs: its slack does not shrink while
     it progresses, and once its pace says even on-demand would be late, a restart would
@@ -176,13 +180,9 @@ def move(record: JobRecord, pools: PoolsStatus, now: datetime, config: MoveConfi
         outlook=deadline.outlook(WindowTally(), 0.0, restart_h),
     )
     decision = deadline.decide(state)
-    if running is not Run.ON_DEMAND or decision.run is Run.ON_DEMAND:
+    if running is not Run.ON_DEMAND or decision.run is not Run.SPOT:
         return None
     slack_s = decision.slack_h * 3600
-    if decision.run is Run.WAIT:
-        return Move(
-            record.job_id, attempt.number, CapacityClass.ANY, MoveReason.AHEAD_OF_DEADLINE, slack_s
-        )
     per_node = max(bundle.gpus for bundle in bundles_of(request))
     room = any(p.gpus_free >= per_node and (p.gpus_per_node or 0) >= per_node for p in spot)
     return Move(

@@ -26,7 +26,13 @@ from services.scaler.ports import PoolProvider
 from services.scaler.settings import ScalerSettings
 from shared.clock import SystemClock
 from shared.events.types import CapacityClass
-from shared.localstack.market import MARKET_FILE, LocalMarket, MarketConfig, load_markets
+from shared.localstack.market import (
+    MARKET_FILE,
+    LocalMarket,
+    MarketConfig,
+    load_markets,
+    market_retry_s,
+)
 from shared.localstack.settings import LocalStackSettings
 from shared.messaging import EventBus, Subscription, bind_routes
 from shared.messaging.jetstream import JetStreamBus
@@ -40,12 +46,18 @@ async def bootstrap(bus: EventBus, stack: AsyncExitStack) -> ServiceDefinition:
         msg = "the scaler keeps its demand in JetStream; it needs the JetStream bus"
         raise TypeError(msg)
     bucket = await KvDemandStore.open(bus.client.jetstream(), pools_bucket(bus.prefix))
+    markets: dict[str, LocalMarket] = {}
+    if settings.provider == "local":
+        local = LocalStackSettings(home=settings.local_home)
+        markets = _local_markets(local, {p.name: p for p in settings.pools()})
+    config = settings.policy_config()
+    retry_s = market_retry_s(config.capacity_retry_after_s, markets)
     deps = Deps(
         bus=bus,
         clock=SystemClock(),
         pools=settings.pools(),
-        config=settings.policy_config(),
-        provider=_provider(settings, stack),
+        config=config.model_copy(update={"capacity_retry_after_s": retry_s}),
+        provider=_provider(settings, stack, markets),
         observer=RayClusterObserver(settings.ray_gcs_address),
         demand=bucket,
         status=bucket,
@@ -76,7 +88,9 @@ async def bootstrap(bus: EventBus, stack: AsyncExitStack) -> ServiceDefinition:
     )
 
 
-def _provider(settings: ScalerSettings, stack: AsyncExitStack) -> PoolProvider:
+def _provider(
+    settings: ScalerSettings, stack: AsyncExitStack, markets: Mapping[str, LocalMarket]
+) -> PoolProvider:
     if settings.provider == "gke":
         # Imported here: the Google and Kubernetes clients come with the `cloud` extra only.
         from services.scaler.adapters.gke import (  # noqa: PLC0415
@@ -124,7 +138,7 @@ def _provider(settings: ScalerSettings, stack: AsyncExitStack) -> PoolProvider:
         )
     local = LocalStackSettings(home=settings.local_home)
     return LocalPoolProvider(
-        markets=_local_markets(local, {p.name: p for p in settings.pools()}),
+        markets=markets,
         gcs_address=settings.ray_gcs_address,
         state_dir=local.node_dir,
         log_dir=local.log_dir,

@@ -178,8 +178,6 @@ class MoveReason(StrEnum):
 
     SPOT_RETURNED = "spot-returned"
     """Spot is back, and the deadline leaves room for the restarts of a round trip."""
-    AHEAD_OF_DEADLINE = "ahead-of-deadline"
-    """On on-demand with slack to spare: it stops paying for on-demand and waits for spot."""
 
 
 class JobInterrupted(EventData):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import os
 import tomllib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from importlib import resources
@@ -155,3 +155,13 @@ def next_stock_out(market: LocalMarket, after: datetime, *, within_s: float) -> 
         elif dry_from is not None and held > 0:
             return StockOut(dry_from=dry_from, wet_from=at)
     return None
+
+
+def market_retry_s(retry_s: float, markets: Mapping[str, LocalMarket]) -> float:
+    """The scaler's wait after a stock-out, in a market's time: a market sped up x20 runs a
+    stock-out's hour in 3 minutes, and a scaler that waited its usual 5 minutes would miss
+    the capacity coming back. Scaled by the fastest market; never below a second. Pure."""
+    if not markets:
+        return retry_s
+    fastest = max(market.speedup for market in markets.values())
+    return max(1.0, retry_s / max(fastest, 1.0))

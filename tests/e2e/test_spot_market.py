@@ -108,7 +108,6 @@ def test_a_deadline_job_rides_a_stock_out_spot_on_demand_and_back_to_spot(
     env = {
         **stack_env(home),
         "SPOTRAIN_SCALER_POOLS_FILE": str(pools),
-        "SPOTRAIN_SCALER_CAPACITY_RETRY_AFTER_S": "3",
         "SPOTRAIN_SCALER_SETTLE_S": "0",
         "SPOTRAIN_CHECKPOINTER_MOVE_REVIEW_INTERVAL_S": "2",
         "SPOTRAIN_CHECKPOINTER_RESTART_OVERHEAD_S": "10",

@@ -228,7 +228,7 @@ async def test_bootstrap_builds_the_kuberay_provider_from_its_settings(kube: Fak
         kuberay_api_endpoint=kube.endpoint,
     )
     async with AsyncExitStack() as stack:
-        provider = _provider(settings, stack)
+        provider = _provider(settings, stack, {})
         assert isinstance(provider, KubeRayPoolProvider)
         assert len(await provider.nodes()) == 3
 

@@ -152,14 +152,8 @@ def deadline_job(
         # ...but not while spot is stocked out or every spot pool is full: it stays.
         ("gpu-od", 5.3, 4.5, pools(spot_stocked_out=True), None),
         ("gpu-od", 5.3, 4.5, pools(spot_full=True), None),
-        # Far ahead and no spot: it stops paying for on-demand and waits for spot.
-        (
-            "gpu-od",
-            12,
-            4,
-            pools(spot_stocked_out=True),
-            (CapacityClass.ANY, MoveReason.AHEAD_OF_DEADLINE),
-        ),
+        # Far ahead and no spot: it stays (live, it never stops to wait for spot).
+        ("gpu-od", 12, 4, pools(spot_stocked_out=True), None),
         # Behind its reserve, but with room for a round trip's two restarts: spot still.
         ("gpu-od", 4.2, 4, pools(), (CapacityClass.SPOT, MoveReason.SPOT_RETURNED)),
         # Less than two restarts to spare: it stays on on-demand, whatever spot does.
@@ -232,17 +226,18 @@ def test_the_restart_overhead_is_measured_on_the_jobs_own_resumes() -> None:
     on=st.sampled_from(["gpu-od", "gpu-spot"]),
     stocked_out=st.booleans(),
 )
-def test_no_move_off_on_demand_leaves_less_than_a_restart_and_an_interval_to_spare(
+def test_a_move_to_spot_always_leaves_room_for_the_restarts_of_a_round_trip(
     hours_left: float, work_left_h: float, on: str, stocked_out: bool
 ) -> None:
-    """The deadline policy's rule, as the live moves apply it: leaving on-demand must leave
-    on-demand a way to finish in time, started again after the next review."""
+    """The deadline policy's rule, as the live moves apply it: a job leaves on-demand only
+    for spot, and only with three restarts to spare (to spot now, to on-demand again were
+    spot to go, and the one in hand), so on-demand can still end it in time."""
     job = deadline_job(on=on, hours_left=hours_left, work_left_h=work_left_h)
     move = policy.move(job, pools(spot_stocked_out=stocked_out), NOW, CONFIG)
     if move is not None:
         assert on == "gpu-od"
-        spare_h = hours_left - work_left_h
-        assert spare_h >= (60 + 5) / HOUR - 1e-9
+        assert move.capacity is CapacityClass.SPOT
+        assert hours_left - work_left_h >= 3 * 60 / HOUR - 1e-9
 
 
 def test_a_move_resumes_from_the_latest_checkpoint_and_counts_no_loss() -> None:
@@ -347,16 +342,16 @@ def test_the_submitter_ends_a_moved_attempt_as_moved_and_spends_no_restart() -> 
         job_id="job-1",
         attempt=2,
         from_step=100,
-        capacity=CapacityClass.ANY,
-        moved=MoveReason.AHEAD_OF_DEADLINE,
+        capacity=CapacityClass.SPOT,
+        moved=MoveReason.SPOT_RETURNED,
     )
     at: datetime = NOW + timedelta(seconds=3)
     transition = submitter_policy.resume(job, resumed, at)
     moved_attempt, following = transition.record.attempts
     assert moved_attempt.state is AttemptState.LOST
     assert moved_attempt.cause is InterruptionCause.MOVED
-    assert "ahead-of-deadline" in (moved_attempt.message or "")
-    assert following.capacity is None, "back to the `any` it asked for"
+    assert "spot-returned" in (moved_attempt.message or "")
+    assert following.capacity is CapacityClass.SPOT
     assert transition.record.interruptions == 0
     [interrupted] = [f.data for f in transition.facts if isinstance(f.data, JobInterrupted)]
     assert interrupted.cause is InterruptionCause.MOVED

@@ -14,7 +14,7 @@ from shared.cli.market_demo import (
 from shared.events.data import JobRequested
 from shared.events.types import CapacityClass
 from shared.jobs import Attempt, AttemptState, JobRecord, JobState
-from shared.localstack.market import LocalMarket, next_stock_out
+from shared.localstack.market import LocalMarket, market_retry_s, next_stock_out
 from shared.spot_traces import SpotTrace
 from tests.events import NOW
 
@@ -84,3 +84,10 @@ def test_capacity_moves_count_changes_of_class_between_attempts() -> None:
     )
     pools = {"s": CapacityClass.SPOT, "s2": CapacityClass.SPOT, "od": CapacityClass.ON_DEMAND}
     assert capacity_moves(record, pools) == 2
+
+
+def test_a_scaler_waits_after_a_stock_out_in_its_markets_time() -> None:
+    assert market_retry_s(300, {}) == 300
+    fast = {"a": market([1], speedup=20), "b": market([1], speedup=4)}
+    assert market_retry_s(300, fast) == 15
+    assert market_retry_s(300, {"a": market([1], speedup=10_000)}) == 1.0
