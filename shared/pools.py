@@ -7,6 +7,7 @@ from datetime import datetime
 
 from pydantic import AwareDatetime, Field
 
+from shared.deadline import SpotOutlook
 from shared.events.types import CapacityClass, Frozen
 
 STATUS_KEY = "status"
@@ -34,6 +35,12 @@ class PoolStatus(Frozen):
     """Its node shape's GPUs (None from a scaler that did not say)."""
     out_of_capacity_until: AwareDatetime | None = None
     """Its last growth failed (a stock-out): the scaler tries again from then."""
+    taken_back: int = 0
+    """Nodes it took back (or lost) unasked, as far as the scaler has watched it."""
+    stock_outs: int = 0
+    """Growths it refused for want of capacity."""
+    outlook: SpotOutlook | None = None
+    """A spot pool's availability as seen (`shared.deadline`): for deadline decisions."""
 
     @property
     def can_grow(self) -> bool:

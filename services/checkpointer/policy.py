@@ -177,7 +177,9 @@ def move(record: JobRecord, pools: PoolsStatus, now: datetime, config: MoveConfi
         # Running on spot, it has spot; on on-demand, spot is there if a pool can grow.
         spot_available=running is Run.SPOT or any(p.can_grow or p.gpus_free for p in spot),
         spot_price_ratio=min(1.0, max(ratio, 1e-6)),
-        outlook=deadline.outlook(WindowTally(), 0.0, restart_h),
+        # What the scaler has seen of the cheapest spot pool; the prior until it says.
+        outlook=min(spot, key=lambda p: p.price_per_hour_usd).outlook
+        or deadline.outlook(WindowTally(), 0.0, restart_h),
     )
     decision = deadline.decide(state)
     if running is not Run.ON_DEMAND or decision.run is not Run.SPOT:

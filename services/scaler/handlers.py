@@ -45,6 +45,7 @@ from shared.events.data import (
     ReleaseReason,
 )
 from shared.messaging import EventPublisher, HandlerWithDeps
+from shared.pool_knowledge import PoolRecord, PoolsKnowledge, observe
 from shared.pools import NodeSightings
 
 SERVICE = "scaler"
@@ -87,6 +88,8 @@ class Deps:
     """Every cost event folded so far; touched only by the cost pass, off the event loop."""
     settled_costs: SettledMemo = field(default_factory=dict)
     """The attribution of nodes that ended, kept from pass to pass (same thread)."""
+    knowledge: dict[str, PoolRecord] = field(default_factory=dict)
+    """What has been learnt of each pool, by this process and those before it."""
 
 
 async def on_job_queued(event: Event[JobQueued], deps: Deps) -> None:
@@ -152,13 +155,15 @@ async def reconcile(deps: Deps) -> ScalePlan:
     observed = await deps.observer.nodes()
     by_pool = {p.name: p for p in deps.pools}
     now = deps.clock.now()
-    await _announce_node_lifetimes(deps, provided, by_pool, seen_at)
+    taken_back = await _announce_node_lifetimes(deps, provided, by_pool, seen_at)
     views = policy.node_views(deps.pools, provided, observed, now)
     demands = await deps.demand.all()
     unavailable = frozenset(
         pool for pool, until in deps.out_of_capacity_until.items() if until > now
     )
-    decided = policy.plan(deps.pools, views, demands, deps.config, now, unavailable=unavailable)
+    decided = policy.plan(
+        deps.pools, views, demands, deps.config, now, unavailable=unavailable, risk=_risk(deps)
+    )
     status = policy.summarize(
         deps.pools,
         nodes=views,
@@ -167,9 +172,11 @@ async def reconcile(deps: Deps) -> ScalePlan:
         config=deps.config,
         now=now,
         out_of_capacity_until=deps.out_of_capacity_until,
+        knowledge=deps.knowledge,
     )
     await deps.status.publish_status(status)
     metrics.PASS.replace(metrics.pass_samples(status, demands))
+    stocked_out: set[str] = set()
     for pool_plan in decided.pools:
         if pool_plan.target == pool_plan.current:
             continue
@@ -205,6 +212,7 @@ async def reconcile(deps: Deps) -> ScalePlan:
                 # asking for a while, and let `any` jobs take on-demand meanwhile.
                 retry_at = now + timedelta(seconds=deps.config.capacity_retry_after_s)
                 deps.out_of_capacity_until[pool_plan.pool] = retry_at
+                stocked_out.add(pool_plan.pool)
             metrics.RESIZE_FAILURES.labels(pool_plan.pool).inc()
             failed = PoolResizeFailed(
                 pool=pool_plan.pool, to_size=pool_plan.target, message=str(error)
@@ -212,6 +220,13 @@ async def reconcile(deps: Deps) -> ScalePlan:
             await _publish(deps, failed)
             continue
         await _publish(deps, PoolResized(pool=pool_plan.pool, size=pool_plan.target))
+    await _learn(deps, provided, taken_back=taken_back, stocked_out=stocked_out, now=now)
+    await _report_blocked(deps, decided)
+    return decided
+
+
+async def _report_blocked(deps: Deps, decided: ScalePlan) -> None:
+    """Each blocked demand, once per attempt and reason."""
     for blocked in decided.blocked:
         if blocked.reason is BlockedReason.SETTLING:
             continue  # a moment's wait, not news
@@ -231,7 +246,41 @@ async def reconcile(deps: Deps) -> ScalePlan:
             reason=blocked.reason.value,
             detail=blocked.detail,
         )
-    return decided
+
+
+def _risk(deps: Deps) -> dict[str, float]:
+    """What each pool's losses, as learnt, add to its price: a restart (its boot) each."""
+    return {
+        pool.name: policy.preemption_risk(
+            record.taken_back, record.node_hours, pool.boot_time_s / 3600
+        )
+        for pool in deps.pools
+        if (record := deps.knowledge.get(pool.name)) is not None
+    }
+
+
+async def _learn(
+    deps: Deps,
+    provided: Sequence[ProvidedNode],
+    *,
+    taken_back: Mapping[str, int],
+    stocked_out: set[str],
+    now: datetime,
+) -> None:
+    """What this pass saw of each pool, added to what is known of it, and posted."""
+    # A pass that comes after a restart does not count the time between as held.
+    max_gap_s = 3 * deps.pass_interval_s
+    for pool in deps.pools:
+        deps.knowledge[pool.name] = observe(
+            deps.knowledge.get(pool.name),
+            pool.name,
+            now=now,
+            nodes=sum(1 for node in provided if node.pool == pool.name),
+            taken_back=taken_back.get(pool.name, 0),
+            stocked_out=pool.name in stocked_out,
+            max_gap_s=max_gap_s,
+        )
+    await deps.status.publish_knowledge(PoolsKnowledge(updated_at=now, pools=deps.knowledge))
 
 
 async def _take_over(deps: Deps, provided: Sequence[ProvidedNode]) -> None:
@@ -242,6 +291,9 @@ async def _take_over(deps: Deps, provided: Sequence[ProvidedNode]) -> None:
     history = node_history(await deps.history.node_events())
     board = await deps.status.sightings()
     stopped = await deps.provider.stopped()
+    learnt = await deps.status.knowledge()
+    if learnt is not None:
+        deps.knowledge = {**learnt.pools, **deps.knowledge}
     seen = dict(board.seen) if board is not None else {}
     listed = {node.name for node in provided}
     for node in history.open:
@@ -265,12 +317,13 @@ async def _take_over(deps: Deps, provided: Sequence[ProvidedNode]) -> None:
 
 async def _announce_node_lifetimes(
     deps: Deps, provided: Sequence[ProvidedNode], by_pool: Mapping[str, PoolSpec], seen_at: datetime
-) -> None:
+) -> dict[str, int]:
     """Level-triggered, so that every node-second can be billed: a listed node not yet
     announced (launched before a restart, or named only once it registered) is announced
     from the provider's launch time; an announced node that is no longer listed, and that
     the scaler did not release, is gone (preempted, deleted by hand), and ends where the
-    provider recorded its end, else where it was last listed."""
+    provider recorded its end, else where it was last listed. Returns, per pool, how many
+    nodes went unasked while this process watched."""
     if not deps.recovered:
         await _take_over(deps, provided)
     listed = {node.name for node in provided}
@@ -291,12 +344,15 @@ async def _announce_node_lifetimes(
         log.warning("nodes.end_records_unreadable", nodes=len(gone), error=str(error))
         gone, recorded = [], {}
     billed = [deps.billed_nodes[name] for name in gone]
+    taken_back: dict[str, int] = {}
     for closing in closings(billed, running=(), recorded=recorded, last_seen=deps.last_seen):
         reason = (
             ReleaseReason.GONE_WHILE_UNWATCHED
             if closing.node in deps.unwatched
             else ReleaseReason.GONE
         )
+        if reason is ReleaseReason.GONE:
+            taken_back[closing.pool] = taken_back.get(closing.pool, 0) + 1
         end = closing.end
         await _node_released(deps, closing.node, closing.pool, reason, at=end.at, source=end.source)
     for name in deps.billed_nodes.keys() & listed:
@@ -309,6 +365,7 @@ async def _announce_node_lifetimes(
             seen={name: deps.last_seen[name] for name in sorted(deps.billed_nodes)},
         )
     )
+    return taken_back
 
 
 async def _announce_launches(deps: Deps, pool: PoolSpec, names: Sequence[str]) -> None:

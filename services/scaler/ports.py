@@ -9,6 +9,7 @@ from typing import Any, Protocol
 from services.scaler.model import Demand, ObservedNode, PoolSpec, ProvidedNode, StoppedNode
 from shared.cost.node_ends import NodeEnd
 from shared.events import Event
+from shared.pool_knowledge import PoolsKnowledge
 from shared.pools import NodeSightings, PoolsStatus
 
 
@@ -78,6 +79,14 @@ class StatusBoard(Protocol):
 
     async def sightings(self) -> NodeSightings | None:
         """What the last `publish_sightings` wrote (by this process or one before it)."""
+        ...
+
+    async def publish_knowledge(self, knowledge: PoolsKnowledge) -> None:
+        """What has been learnt of each pool; last write wins."""
+        ...
+
+    async def knowledge(self) -> PoolsKnowledge | None:
+        """What the last `publish_knowledge` wrote (by this process or one before it)."""
         ...
 
 

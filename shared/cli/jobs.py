@@ -27,6 +27,7 @@ from shared.events import Event, EventData
 from shared.events.data import JobFailed, JobProgress, JobRejected, JobRequested
 from shared.events.types import Bundle, CapacityClass
 from shared.jobs import JobRecord, deadline_outlook, deadline_refusal, span_text
+from shared.pools import PoolStatus
 from shared.workspace import WorkspaceError
 
 T = TypeVar("T")
@@ -239,7 +240,8 @@ def pools() -> None:
         raise CliError("the scaler has not reported yet; is it running? (spotrain status)")
     table = Table(
         "pool", "capacity", "nodes", "ready", "GPUs busy/total", "$/h per node",
-        "pending jobs", "pending GPUs", "target", "min-max",
+        "pending jobs", "pending GPUs", "target", "min-max", "taken back", "stock-outs",
+        "spot window",
     )  # fmt: skip
     for row in status.pools:
         table.add_row(
@@ -253,6 +255,9 @@ def pools() -> None:
             str(row.pending_gpus),
             str(row.target),
             f"{row.min_nodes}-{row.max_nodes}",
+            str(row.taken_back),
+            _stock_outs(row),
+            f"{row.outlook.mean_window_h:.1f}h" if row.outlook is not None else "",
         )
     out.print(table)
     out.print(
@@ -262,6 +267,13 @@ def pools() -> None:
 
 
 # --- helpers of the commands above -----------------------------------------------------
+
+
+def _stock_outs(row: PoolStatus) -> str:
+    """How many, and whether it is out of capacity now (until when it is left alone)."""
+    if row.out_of_capacity_until is None:
+        return str(row.stock_outs)
+    return f"{row.stock_outs} (out until {row.out_of_capacity_until:%H:%M:%S})"
 
 
 def request_fields(params: Mapping[str, Any], entrypoint: list[str]) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from services.scaler.model import Demand, PoolSpec, StoppedNode
 from services.scaler.ports import ObservedNode, ProvidedNode
 from shared.cost.node_ends import NodeEnd
 from shared.events.data import NodeEndSource
+from shared.pool_knowledge import PoolsKnowledge
 from shared.pools import NodeSightings, PoolsStatus
 from tests.fakes.clock import FixedClock
 
@@ -108,6 +109,7 @@ class RecordingStatusBoard:
     def __init__(self) -> None:
         self.latest: PoolsStatus | None = None
         self.latest_sightings: NodeSightings | None = None
+        self.latest_knowledge: PoolsKnowledge | None = None
 
     async def publish_status(self, status: PoolsStatus) -> None:
         self.latest = status
@@ -117,3 +119,9 @@ class RecordingStatusBoard:
 
     async def sightings(self) -> NodeSightings | None:
         return self.latest_sightings
+
+    async def publish_knowledge(self, knowledge: PoolsKnowledge) -> None:
+        self.latest_knowledge = knowledge
+
+    async def knowledge(self) -> PoolsKnowledge | None:
+        return self.latest_knowledge

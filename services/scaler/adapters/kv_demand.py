@@ -11,6 +11,7 @@ from nats.js.api import KeyValueConfig, StorageType
 from nats.js.kv import KeyValue
 
 from services.scaler.model import Demand
+from shared.pool_knowledge import KNOWLEDGE_KEY, PoolsKnowledge
 from shared.pools import SIGHTINGS_KEY, STATUS_KEY, NodeSightings, PoolsStatus
 
 
@@ -68,6 +69,16 @@ class KvDemandStore:
         if not entry.value:
             return None
         return NodeSightings.model_validate_json(entry.value)
+
+    async def publish_knowledge(self, knowledge: PoolsKnowledge) -> None:
+        await self._kv.put(KNOWLEDGE_KEY, knowledge.model_dump_json().encode())
+
+    async def knowledge(self) -> PoolsKnowledge | None:
+        try:
+            entry = await self._kv.get(KNOWLEDGE_KEY)
+        except nats.js.errors.KeyNotFoundError:
+            return None
+        return PoolsKnowledge.model_validate_json(entry.value) if entry.value else None
 
     async def all(self) -> list[Demand]:
         try:

@@ -9,6 +9,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from operator import attrgetter
+from typing import Any
 
 from services.scaler.model import (
     Blocked,
@@ -26,6 +27,7 @@ from services.scaler.model import (
 )
 from shared.deadline import Run, queued_decision
 from shared.events.types import Bundle, CapacityClass
+from shared.pool_knowledge import PoolRecord
 from shared.pools import PoolsStatus, PoolStatus
 
 _EPSILON = 1e-9
@@ -632,6 +634,16 @@ def _idle_nodes(
     return release
 
 
+def _learnt(record: PoolRecord | None, pool: PoolSpec, now: datetime) -> dict[str, Any]:
+    """What `spotrain pools` shows of what has been learnt of a pool."""
+    if record is None:
+        return {}
+    learnt: dict[str, Any] = {"taken_back": record.taken_back, "stock_outs": record.stock_outs}
+    if pool.capacity is CapacityClass.SPOT:
+        learnt["outlook"] = record.outlook(pool.boot_time_s / 3600, now)
+    return learnt
+
+
 def summarize(
     pools: Sequence[PoolSpec],
     *,
@@ -641,6 +653,7 @@ def summarize(
     config: ScalerConfig,
     now: datetime,
     out_of_capacity_until: Mapping[str, datetime] | None = None,
+    knowledge: Mapping[str, PoolRecord] | None = None,
 ) -> PoolsStatus:
     """What `spotrain pools` shows: each pool's nodes, GPUs, price and the demand it serves,
     and until when a pool whose growth failed (a stock-out) is left alone."""
@@ -667,6 +680,7 @@ def summarize(
                 max_nodes=pool.max_nodes,
                 gpus_per_node=pool.gpus,
                 out_of_capacity_until=stocked_out.get(pool.name),
+                **_learnt((knowledge or {}).get(pool.name), pool, now),
             )
         )
     by_name = {p.name: p for p in pools}
