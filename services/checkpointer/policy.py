@@ -26,7 +26,7 @@ from shared.deadline import Run, WindowTally
 from shared.events.data import JobFailed, JobResumed, MoveReason
 from shared.events.types import CapacityClass
 from shared.jobs import bundles_of, work_left_s
-from shared.pools import PoolsStatus, PoolStatus
+from shared.pools import PoolsStatus
 
 _ENDED_ON_ITS_OWN = (AttemptState.SUCCEEDED, AttemptState.FAILED, AttemptState.STOPPED)
 
@@ -146,54 +146,46 @@ def move(record: JobRecord, pools: PoolsStatus, now: datetime, config: MoveConfi
         or attempt.pool is None
     ):
         return None
-    by_name = {pool.pool: pool for pool in pools.pools}
-    held = by_name.get(attempt.pool)
+    held = next((pool for pool in pools.pools if pool.pool == attempt.pool), None)
     work_left = work_left_s(record, now)
-    if held is None or held.capacity is CapacityClass.ANY or work_left is None:
+    if held is None or held.capacity is not CapacityClass.ON_DEMAND or work_left is None:
         return None
-    running = Run.SPOT if held.capacity is CapacityClass.SPOT else Run.ON_DEMAND
-    # Pools of the shape it runs on: a GPU job is never weighed against CPU pools' prices.
-    fitting = [
-        p for p in pools.pools if p.gpus_per_node is None or p.gpus_per_node >= gpus_of(held)
+    # Spot pools of the shape it runs on: never weighed against a smaller pool's price.
+    spot = [
+        p
+        for p in pools.pools
+        if p.capacity is CapacityClass.SPOT
+        and (p.gpus_per_node is None or p.gpus_per_node >= (held.gpus_per_node or 0))
     ]
-    spot = [p for p in fitting if p.capacity is CapacityClass.SPOT]
-    on_demand = [p for p in fitting if p.capacity is CapacityClass.ON_DEMAND]
-    if not spot or not on_demand:
-        return None  # nowhere to move to
-    restart_h = restart_overhead_s(record, config) / 3600
-    # What it pays where it is, against the cheapest of the other capacity.
-    held_price = held.price_per_hour_usd
-    spot_price = held_price if running is Run.SPOT else min(p.price_per_hour_usd for p in spot)
-    od_price = (
-        held_price if running is Run.ON_DEMAND else min(p.price_per_hour_usd for p in on_demand)
-    )
-    ratio = spot_price / max(od_price, 1e-9)
-    state = deadline.DeadlineState(
-        hours_left=(request.deadline - now).total_seconds() / 3600,
-        work_left_h=work_left / 3600,
-        running=running,
-        restart_overhead_h=restart_h,
-        decision_interval_h=config.review_interval_s / 3600,
-        # Running on spot, it has spot; on on-demand, spot is there if a pool can grow.
-        spot_available=running is Run.SPOT or any(p.can_grow or p.gpus_free for p in spot),
-        spot_price_ratio=min(1.0, max(ratio, 1e-6)),
-        # What the scaler has seen of the cheapest spot pool; the prior until it says.
-        outlook=min(spot, key=lambda p: p.price_per_hour_usd).outlook
-        or deadline.outlook(WindowTally(), 0.0, restart_h),
-    )
-    decision = deadline.decide(state)
-    if running is not Run.ON_DEMAND or decision.run is not Run.SPOT:
+    if not spot:
         return None
-    slack_s = decision.slack_h * 3600
+    cheapest = min(spot, key=lambda p: p.price_per_hour_usd)
+    restart_h = restart_overhead_s(record, config) / 3600
+    decision = deadline.decide(
+        deadline.DeadlineState(
+            hours_left=(request.deadline - now).total_seconds() / 3600,
+            work_left_h=work_left / 3600,
+            running=Run.ON_DEMAND,
+            restart_overhead_h=restart_h,
+            decision_interval_h=config.review_interval_s / 3600,
+            spot_available=any(p.can_grow or p.gpus_free for p in spot),
+            spot_price_ratio=min(
+                1.0, max(cheapest.price_per_hour_usd / max(held.price_per_hour_usd, 1e-9), 1e-6)
+            ),
+            # What the scaler has seen of the pool; the prior until it says.
+            outlook=cheapest.outlook or deadline.outlook(WindowTally(), 0.0, restart_h),
+        )
+    )
+    if decision.run is not Run.SPOT:
+        return None
     per_node = max(bundle.gpus for bundle in bundles_of(request))
-    room = any(p.gpus_free >= per_node and (p.gpus_per_node or 0) >= per_node for p in spot)
     return Move(
         record.job_id,
         attempt.number,
         CapacityClass.SPOT,
         MoveReason.SPOT_RETURNED,
-        slack_s,
-        room=room,
+        slack_s=decision.slack_h * 3600,
+        room=any(p.gpus_free >= per_node and (p.gpus_per_node or 0) >= per_node for p in spot),
     )
 
 
@@ -207,10 +199,6 @@ def restart_overhead_s(record: JobRecord, config: MoveConfig) -> float:
         if a.started_at is not None
     ]
     return median(measured) if measured else config.restart_overhead_s
-
-
-def gpus_of(pool: PoolStatus) -> int:
-    return pool.gpus_per_node or 0
 
 
 def moved(record: JobRecord, move: Move, checkpoint: LatestCheckpoint | None) -> Recovery:
