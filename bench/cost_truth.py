@@ -78,9 +78,10 @@ class NodeWatch:
             record = ProcessRecord.load(path)
             if record is None or record.name in self.lives:
                 continue
-            try:
-                started = datetime.fromtimestamp(path.stat().st_mtime, UTC)
-            except OSError:
+            # The provider's start record, written as the node starts (its process record
+            # comes just after: a node without either was never started).
+            started = self._folder.started_at(record.name)
+            if started is None:
                 continue
             self.lives[record.name] = Life(self._folder.pool_of(record.name), started)
             self._records[record.name] = record

@@ -378,7 +378,8 @@ TABLE: tuple[RoleSpec, ...] = (
         "resumes interrupted jobs from their latest checkpoint, or gives up on them; moves"
         " running deadline jobs between spot and on-demand",
         (JobResumed, JobFailed, JobMoveRequested),
-        ReadsBucket(Bucket.JOBS, listing=False),
+        # Listing: a notice, a loss and each review of moves read every active job.
+        ReadsBucket(Bucket.JOBS),
         ReadsBucket(Bucket.POOLS, listing=False),
     ),
     RoleSpec(

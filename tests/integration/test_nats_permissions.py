@@ -18,6 +18,7 @@ import pytest
 from nats.js.api import ConsumerConfig
 
 from services.checkpointer.adapters.kv_jobs import KvJobReader
+from services.checkpointer.adapters.kv_pools import KvPoolsReader
 from services.scaler.adapters.kv_demand import KvDemandStore
 from services.submitter.adapters.kv_job_store import KvJobStore
 from services.submitter.adapters.workspaces import ObjectStoreWorkspaces
@@ -189,6 +190,12 @@ async def test_the_watcher_the_agent_and_the_checkpointer_do_their_part(
     submitter = await platform.bus(Role.SUBMITTER)
     store = await KvJobStore.open(submitter.client.jetstream(), jobs_bucket(PREFIX))
     await store.create(_record(job_requested("job-3")))
+    scaler = await platform.bus(Role.SCALER)
+    board = await KvDemandStore.open(scaler.client.jetstream(), pools_bucket(PREFIX))
+    status = PoolsStatus(
+        updated_at=NOW, budget_per_hour_usd=50, cost_per_hour_usd=0, pools=(), blocked_jobs=0
+    )
+    await board.publish_status(status)
 
     agent = await platform.bus(Role.METADATA_AGENT)
     await agent.ensure_stream()
@@ -201,9 +208,13 @@ async def test_the_watcher_the_agent_and_the_checkpointer_do_their_part(
 
     checkpointer = await platform.bus(Role.CHECKPOINTER)
     jobs = KvJobReader(checkpointer.client.jetstream(), jobs_bucket(PREFIX))
+    pools = KvPoolsReader(checkpointer.client.jetstream(), pools_bucket(PREFIX))
     resumed: list[str] = []
 
     async def on_node_lost(event: Event[Any]) -> None:
+        # What a loss and each review of moves read: every active job, the pools' status.
+        assert [r.job_id for r in await jobs.active()] == ["job-3"]
+        assert await pools.status() == status
         record = await jobs.get("job-3")
         assert record is not None
         data = JobResumed(job_id=record.job_id, attempt=2, capacity=CapacityClass.SPOT)
