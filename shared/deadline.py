@@ -258,9 +258,10 @@ def queued_decision(  # the facts a queued job's decision rests on
     decision_interval_h: float,
     spot_available: bool,
     spot_price_ratio: float,
+    seen: SpotOutlook | None = None,
 ) -> DeadlineDecision:
-    """`decide` for a job that waits for capacity, on what has been seen of spot so far
-    (the prior, until the platform keeps what it learns of each pool)."""
+    """`decide` for a job that waits for capacity, on what has been seen of the spot pool
+    (`seen`, from what the platform learnt of it; the prior without)."""
     return decide(
         DeadlineState(
             hours_left=hours_left,
@@ -270,6 +271,6 @@ def queued_decision(  # the facts a queued job's decision rests on
             decision_interval_h=decision_interval_h,
             spot_available=spot_available,
             spot_price_ratio=min(1.0, max(spot_price_ratio, 1e-6)),
-            outlook=outlook(WindowTally(), 0.0, restart_overhead_h),
+            outlook=seen or outlook(WindowTally(), 0.0, restart_overhead_h),
         )
     )

@@ -27,6 +27,7 @@ from shared.clock import Clock
 from shared.cost import CostFold, attributed, on_demand_counterpart
 from shared.cost.attribution import SettledMemo
 from shared.cost.node_ends import OpenNode, closings, node_history
+from shared.deadline import SpotOutlook
 from shared.events import Event, EventData, new_event, node_event_id
 from shared.events.data import (
     JobCancelled,
@@ -44,6 +45,7 @@ from shared.events.data import (
     PoolResizeRequested,
     ReleaseReason,
 )
+from shared.events.types import CapacityClass
 from shared.messaging import EventPublisher, HandlerWithDeps
 from shared.pool_knowledge import PoolRecord, PoolsKnowledge, observe
 from shared.pools import NodeSightings
@@ -162,7 +164,14 @@ async def reconcile(deps: Deps) -> ScalePlan:
         pool for pool, until in deps.out_of_capacity_until.items() if until > now
     )
     decided = policy.plan(
-        deps.pools, views, demands, deps.config, now, unavailable=unavailable, risk=_risk(deps)
+        deps.pools,
+        views,
+        demands,
+        deps.config,
+        now,
+        unavailable=unavailable,
+        risk=_risk(deps),
+        outlooks=_outlooks(deps, now),
     )
     status = policy.summarize(
         deps.pools,
@@ -256,6 +265,16 @@ def _risk(deps: Deps) -> dict[str, float]:
         )
         for pool in deps.pools
         if (record := deps.knowledge.get(pool.name)) is not None
+    }
+
+
+def _outlooks(deps: Deps, now: datetime) -> dict[str, SpotOutlook]:
+    """What has been seen of each spot pool, for the deadline policy (a boot a restart)."""
+    return {
+        pool.name: record.outlook(pool.boot_time_s / 3600, now)
+        for pool in deps.pools
+        if pool.capacity is CapacityClass.SPOT
+        and (record := deps.knowledge.get(pool.name)) is not None
     }
 
 

@@ -19,6 +19,7 @@ from services.scaler.model import (
     ScalerConfig,
 )
 from services.scaler.policy import node_views, plan, preemption_risk
+from shared.deadline import SpotOutlook
 from shared.events.types import Bundle, CapacityClass
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
@@ -369,3 +370,13 @@ def test_a_gang_never_straddles_zones(
             pool, count = next(iter(grown.items()))
             # New nodes (2 GPUs each) and that zone's room hold every worker.
             assert zone_room[pool] + 2 * count >= workers
+
+
+def test_a_tight_deadline_job_takes_on_demand_when_the_pools_windows_are_seen_too_short() -> None:
+    """What the platform learnt of the pool, not the prior: windows of about a minute do
+    not pay for a restart on spot, so a job behind its reserve goes to on-demand at once."""
+    waiting = with_deadline(10, 4.1, 4)
+    assert plan(POOLS, [], [waiting], CONFIG, NOW).target("gpu-od") == 0, "the prior: spot"
+    short = SpotOutlook(seen_h=200, productive_share=0.05, mean_window_h=0.02)
+    decided = plan(POOLS, [], [waiting], CONFIG, NOW, outlooks={"gpu-spot": short})
+    assert (decided.target("gpu-od"), decided.target("gpu-spot")) == (1, 0)

@@ -25,7 +25,7 @@ from services.scaler.model import (
     ScalePlan,
     ScalerConfig,
 )
-from shared.deadline import Run, queued_decision
+from shared.deadline import Run, SpotOutlook, queued_decision
 from shared.events.types import Bundle, CapacityClass
 from shared.pool_knowledge import PoolRecord
 from shared.pools import PoolsStatus, PoolStatus
@@ -83,25 +83,21 @@ def eligible_pools(
     unavailable: frozenset[str] = frozenset(),
     risk: Mapping[str, float] | None = None,
     spot_gone: frozenset[str] | None = None,
+    outlooks: Mapping[str, SpotOutlook] | None = None,
 ) -> list[PoolSpec]:
-    """The pools a job may grow, cheapest first: spot for spot and `any` jobs, on-demand for
-    on-demand jobs, and on-demand for an `any` job that has waited past the fallback time or
-    finds every spot pool out of capacity. Pools out of capacity (`unavailable`) grow not.
+    """The pools a job may grow, cheapest first, of the capacity it may grow (`_allowed`):
+    spot for spot jobs, on-demand for on-demand jobs; for `any` jobs, by their deadline, or
+    spot and, once they waited past the fallback time or find every spot pool out of
+    capacity, on-demand too. Pools out of capacity (`unavailable`) grow not.
     A pool's `risk` (what its preemptions and stock-outs have been seen to add to the cost
     of an hour on it, as a share of its price) counts against it: of two pools of one shape
     in two zones, the one that takes nodes back less often goes first. `spot_gone`: the
     spot pools a deadline job cannot get now (out of capacity, or full), for its policy;
-    `unavailable` by default."""
-    allowed = {
-        CapacityClass.SPOT: {CapacityClass.SPOT},
-        CapacityClass.ON_DEMAND: {CapacityClass.ON_DEMAND},
-        CapacityClass.ANY: {CapacityClass.SPOT}
-        | (
-            {CapacityClass.ON_DEMAND}
-            if _falls_back(demand, pools, config, now, unavailable, spot_gone=spot_gone)
-            else set()
-        ),
-    }[demand.capacity]
+    `unavailable` by default. `outlooks`: what has been seen of each spot pool, for the
+    deadline policy (the prior for a pool not in it)."""
+    allowed = _allowed(
+        demand, pools, config, now, unavailable, spot_gone=spot_gone, outlooks=outlooks
+    )
     risk = risk or {}
     return sorted(
         (p for p in pools if p.capacity in allowed and p.name not in unavailable),
@@ -109,7 +105,12 @@ def eligible_pools(
     )
 
 
-def _falls_back(  # what the decision looks at
+_SPOT = frozenset({CapacityClass.SPOT})
+_ON_DEMAND = frozenset({CapacityClass.ON_DEMAND})
+_EITHER = _SPOT | _ON_DEMAND
+
+
+def _allowed(  # what the decision looks at
     demand: Demand,
     pools: Sequence[PoolSpec],
     config: ScalerConfig,
@@ -117,27 +118,34 @@ def _falls_back(  # what the decision looks at
     unavailable: frozenset[str],
     *,
     spot_gone: frozenset[str] | None = None,
-) -> bool:
-    """Whether an `any` job may take on-demand capacity. With a deadline and a known pace:
-    when the deadline policy says so (and never just for having waited). Otherwise: it
-    waited long enough for spot, or spot capacity is failing in every spot pool."""
-    if demand.capacity is not CapacityClass.ANY:
-        return False
+    outlooks: Mapping[str, SpotOutlook] | None = None,
+) -> frozenset[CapacityClass]:
+    """The capacity a job may grow. Spot and on-demand jobs: what they asked for. An `any`
+    job with a deadline and a known pace: what the deadline policy runs it on (on-demand
+    only when it says on-demand; spot when it says spot or to wait for spot), never just
+    for having waited. Any other `any` job: spot, and on-demand too once it waited long
+    enough for spot, or spot capacity is failing in every spot pool."""
+    if demand.capacity is CapacityClass.SPOT:
+        return _SPOT
+    if demand.capacity is CapacityClass.ON_DEMAND:
+        return _ON_DEMAND
     if demand.deadline is not None and demand.work_left_s is not None:
         gone = unavailable if spot_gone is None else spot_gone
-        return _deadline_needs_on_demand(demand, pools, config, now, gone)
+        needs = _deadline_needs_on_demand(demand, pools, config, now, gone, outlooks or {})
+        return _ON_DEMAND if needs else _SPOT
     if (now - demand.queued_at).total_seconds() >= config.any_fallback_after_s:
-        return True
+        return _EITHER
     spot = [p.name for p in pools if p.capacity is CapacityClass.SPOT]
-    return bool(spot) and all(name in unavailable for name in spot)
+    return _EITHER if spot and all(name in unavailable for name in spot) else _SPOT
 
 
-def _deadline_needs_on_demand(
+def _deadline_needs_on_demand(  # noqa: PLR0917  # the decision's inputs, passed on
     demand: Demand,
     pools: Sequence[PoolSpec],
     config: ScalerConfig,
     now: datetime,
     unavailable: frozenset[str],
+    outlooks: Mapping[str, SpotOutlook],
 ) -> bool:
     assert demand.deadline is not None
     assert demand.work_left_s is not None
@@ -149,7 +157,8 @@ def _deadline_needs_on_demand(
         return False
     if not spot:
         return True
-    cheapest_spot = min(p.price_per_hour_usd for p in spot)
+    cheapest = min(spot, key=lambda p: (p.price_per_hour_usd, p.name))
+    cheapest_spot = cheapest.price_per_hour_usd
     cheapest_on_demand = min(p.price_per_hour_usd for p in on_demand)
     decision = queued_decision(
         hours_left=(demand.deadline - now).total_seconds() / 3600,
@@ -159,6 +168,7 @@ def _deadline_needs_on_demand(
         decision_interval_h=config.pass_interval_s / 3600,
         spot_available=any(p.name not in unavailable for p in spot),
         spot_price_ratio=cheapest_spot / cheapest_on_demand if cheapest_on_demand else 1.0,
+        seen=outlooks.get(cheapest.name),
     )
     return decision.run is Run.ON_DEMAND
 
@@ -341,13 +351,15 @@ def plan(
     unavailable: frozenset[str] = frozenset(),
     risk: Mapping[str, float] | None = None,
     idle_timeouts: Mapping[str, float] | None = None,
+    outlooks: Mapping[str, SpotOutlook] | None = None,
 ) -> ScalePlan:
     """Decide pool sizes. Pure: the same inputs always give the same plan.
 
     `unavailable`: pools whose last resize failed for want of capacity; they are not grown.
     `risk`: per pool, what its preemptions and stock-outs add to its price, as a share (see
     `eligible_pools`). `idle_timeouts`: per pool, the idle timeout learnt from its history
-    (`keepalive.best_idle_timeout_s`), never above the configured one.
+    (`keepalive.best_idle_timeout_s`), never above the configured one. `outlooks`: what
+    has been seen of each spot pool, for deadline jobs (see `eligible_pools`).
 
     Demand is packed, most urgent first, into free room on existing and booting nodes, then
     into as few new nodes of the cheapest allowed pool as hold all of a job's bundles. A job
@@ -394,9 +406,9 @@ def plan(
     )
 
     blocked: list[Blocked] = []
-    # Which pools a job may grow depends only on its class and, for an `any` job, whether it
-    # waited past the fallback: computed once per pair, not once per job.
-    eligible: dict[tuple[CapacityClass, bool], _Eligible] = {}
+    # Which pools a job may grow depends only on the capacity it may grow (`_allowed`):
+    # computed once per such set, not once per job.
+    eligible: dict[frozenset[CapacityClass], _Eligible] = {}
     # Most urgent first: by priority, then the longest queued, then by id. Three stable sorts
     # by one attribute each are faster than one by a tuple key.
     ordered = sorted(demands, key=attrgetter("job_id"))
@@ -412,11 +424,13 @@ def plan(
         and not any(s.pool == p.name and s.gpus > 0 for s in slots)
     )
     for demand in ordered:
-        waited = _falls_back(demand, pools, config, now, unavailable, spot_gone=spot_full)
-        choice = eligible.get((demand.capacity, waited))
+        allowed = _allowed(
+            demand, pools, config, now, unavailable, spot_gone=spot_full, outlooks=outlooks
+        )
+        choice = eligible.get(allowed)
         if choice is None:
-            choice = eligible[demand.capacity, waited] = _choice(
-                demand, pools, config, now, unavailable, risk, spot_full
+            choice = eligible[allowed] = _choice(
+                demand, pools, config, now, unavailable, risk, spot_full, outlooks
             )
         outcome = _place(demand, choice, packing, config)
         if outcome is not None:
@@ -456,14 +470,22 @@ def _choice(  # noqa: PLR0917  # plan's inputs, passed on
     unavailable: frozenset[str],
     risk: Mapping[str, float] | None,
     spot_gone: frozenset[str],
+    outlooks: Mapping[str, SpotOutlook] | None,
 ) -> _Eligible:
     """The pools the demand may grow; with none, those it could but for a stock-out."""
     candidates = eligible_pools(
-        demand, pools, config, now, unavailable=unavailable, risk=risk, spot_gone=spot_gone
+        demand,
+        pools,
+        config,
+        now,
+        unavailable=unavailable,
+        risk=risk,
+        spot_gone=spot_gone,
+        outlooks=outlooks,
     )
     stocked_out: tuple[str, ...] = ()
     if not candidates and unavailable:
-        could = eligible_pools(demand, pools, config, now, spot_gone=spot_gone)
+        could = eligible_pools(demand, pools, config, now, spot_gone=spot_gone, outlooks=outlooks)
         stocked_out = tuple(p.name for p in could if p.name in unavailable)
     return _Eligible.of(candidates, stocked_out)
 
