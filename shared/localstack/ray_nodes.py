@@ -119,18 +119,21 @@ def start_worker(
     *,
     log_dir: Path,
     env: Mapping[str, str],
+    record_file: Path,
     alive_file: Path,
     ended_file: Path,
     temp_dir: Path | None = None,
 ) -> ProcessRecord:
-    """Start one worker node in its own session, under its keeper (which stamps
-    `alive_file` while it runs and records its exit in `ended_file`); stop it with
-    `stop_session(record.pid)`."""
-    keeper = [sys.executable, str(Path(node_keeper.__file__)), str(alive_file), str(ended_file)]
+    """Start one worker node in its own session, under its keeper (which writes the node's
+    process record to `record_file` before the node starts, stamps `alive_file` while it
+    runs and records its exit in `ended_file`); stop it with `stop_session(record.pid)`."""
+    log = log_dir / f"node-{name}.log"
+    files = (record_file, log, alive_file, ended_file)
+    keeper = [sys.executable, str(Path(node_keeper.__file__)), *map(str, files)]
     return spawn(
         name,
         [*keeper, "--", *worker_argv(gcs_address, shape, ports, temp_dir)],
-        log_path=log_dir / f"node-{name}.log",
+        log_path=log,
         env=node_env(env),
         cwd=log_dir,
         detached=True,

@@ -13,24 +13,33 @@ from pathlib import Path
 from shared.events.data import NodeEndSource
 from shared.localstack import node_keeper
 from shared.localstack.nodes import LocalNode, NodeFolder, kill_node
-from shared.localstack.processes import is_running, session_processes, spawn
+from shared.localstack.processes import (
+    ProcessRecord,
+    is_running,
+    session_processes,
+    spawn,
+    stop_session,
+)
 
 
-def kept(folder: NodeFolder, name: str, argv: list[str]) -> LocalNode:
-    """A node under its keeper, recorded in the folder as the local provider records it."""
+def kept(folder: NodeFolder, name: str, argv: list[str], *, save: bool = True) -> LocalNode:
+    """A node under its keeper, recorded in the folder as the local provider records it
+    (`save`: the launcher's copy of the record too, beside the keeper's own)."""
     folder.describe(name, "cpu", "on-demand")
+    folder.record_start(name, datetime.now(UTC))
     keeper = [sys.executable, node_keeper.__file__]
-    files = [str(folder.alive_file(name)), str(folder.ended_file(name))]
+    log = folder.path / f"{name}.log"
+    files = [folder.path / f"{name}.json", log, folder.alive_file(name), folder.ended_file(name)]
     record = spawn(
         name,
-        [*keeper, *files, "--", *argv],
-        log_path=folder.path / f"{name}.log",
+        [*keeper, *map(str, files), "--", *argv],
+        log_path=log,
         env=os.environ,
         cwd=folder.path,
         detached=True,
     )
-    folder.record_start(name, datetime.now(UTC))
-    record.save(folder.path / f"{name}.json")
+    if save:
+        record.save(folder.path / f"{name}.json")
     deadline = time.monotonic() + 10
     while not folder.alive_file(name).exists():
         assert time.monotonic() < deadline, "the keeper never stamped the node alive"
@@ -98,3 +107,20 @@ def test_a_session_killed_at_once_leaves_its_last_stamp_within_a_heartbeat(
     assert end is not None
     assert end.source is NodeEndSource.LAST_SEEN
     assert 0 <= (killed_at - end.at).total_seconds() <= node_keeper.HEARTBEAT_S + 0.2
+
+
+def test_the_keeper_records_its_node_before_the_node_starts(tmp_path: Path) -> None:
+    """With no launcher left to save it (a scaler killed mid-launch), the node is still on
+    record, as the keeper that runs it, so it is listed, billed, preempted and stopped."""
+    folder = NodeFolder(tmp_path / "nodes")
+    folder.path.mkdir()
+    node = kept(folder, "cpu-1", ["sleep", "60"], save=False)
+    try:
+        record = ProcessRecord.load(folder.path / "cpu-1.json")
+        assert record is not None
+        assert (record.name, record.pid) == ("cpu-1", node.record.pid)
+        assert record.start_ticks == node.record.start_ticks
+        assert is_running(record)
+        assert [n.name for n in folder.running()] == ["cpu-1"]
+    finally:
+        stop_session(node.record.pid, grace_s=0)

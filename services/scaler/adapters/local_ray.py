@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import subprocess
 from collections.abc import Collection, Mapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -136,6 +137,9 @@ class LocalPoolProvider:
         for _ in range(count):
             name = self._folder.new_name(pool.name)
             self._folder.describe(name, pool.name, pool.capacity.value)
+            # On record before it starts (its keeper writes its process record as it
+            # starts): a node that stops before any scaler announced it is still billed.
+            self._folder.record_start(name, datetime.now(UTC))
             temp_dir = node_temp_dir(self._state_dir, name)
             if self._head_temp_dir is not None:
                 share_head_logs(temp_dir, self._head_temp_dir)
@@ -145,20 +149,24 @@ class LocalPoolProvider:
                 resources=resources,
                 labels={NODE_LABEL: name, POOL_LABEL: pool.name},
             )
-            record = start_worker(
-                name,
-                self._gcs_address,
-                shape,
-                NodePorts(free_port_block(PORT_BLOCK)),
-                log_dir=self._log_dir,
-                env=self._env,
-                alive_file=self._folder.alive_file(name),
-                ended_file=self._folder.ended_file(name),
-                temp_dir=temp_dir,
-            )
-            # The start record first: it outlives the process record (deleted once the
-            # node is gone), so a node that stops before any scaler announced it is billed.
-            self._folder.record_start(name, datetime.now(UTC))
+            try:
+                record = start_worker(
+                    name,
+                    self._gcs_address,
+                    shape,
+                    NodePorts(free_port_block(PORT_BLOCK)),
+                    log_dir=self._log_dir,
+                    env=self._env,
+                    record_file=self._state_dir / f"{name}.json",
+                    alive_file=self._folder.alive_file(name),
+                    ended_file=self._folder.ended_file(name),
+                    temp_dir=temp_dir,
+                )
+            except (OSError, subprocess.SubprocessError):
+                self._folder.forget(name)  # never started: nothing to bill
+                raise
+            # Its keeper writes the same record as it starts; written here too, so that
+            # the node is listed as soon as the launch returns.
             record.save(self._state_dir / f"{name}.json")
             names.append(name)
         return names
