@@ -321,13 +321,13 @@ async def _take_over(deps: Deps, provided: Sequence[ProvidedNode]) -> None:
         if node.node not in listed:
             deps.unwatched.add(node.node)
     deps.ended_nodes |= history.ended & listed
-    known = history.ended | {node.node for node in history.open} | listed
     by_pool = {pool.name: pool for pool in deps.pools}
     for gone in stopped:
-        if gone.name in known or gone.pool not in by_pool:
+        if gone.name in history.launched or gone.name in listed or gone.pool not in by_pool:
             continue
         # Launched by a scaler that died before announcing it, and gone before this one
-        # could list it: billed from its start, then closed as any gone node is.
+        # could list it: billed from its start, then closed as any gone node is. Its loss
+        # may be on record already (the watcher saw it go): that is no launch.
         await _node_launched(deps, gone.name, by_pool[gone.pool], gone.launched_at)
         deps.unwatched.add(gone.name)
     deps.recovered = True

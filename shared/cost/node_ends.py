@@ -42,6 +42,8 @@ class NodeHistory:
 
     open: tuple[OpenNode, ...]
     ended: frozenset[str]
+    launched: frozenset[str] = frozenset()
+    """Every node with a `node.launched`: the nodes the ledger bills, or billed."""
 
 
 def node_history(events: Iterable[Event[Any]]) -> NodeHistory:
@@ -60,7 +62,7 @@ def node_history(events: Iterable[Event[Any]]) -> NodeHistory:
         for name, n in sorted(launched.items())
         if name not in ended
     )
-    return NodeHistory(open=still_open, ended=frozenset(ended))
+    return NodeHistory(open=still_open, ended=frozenset(ended), launched=frozenset(launched))
 
 
 def best_end(node: OpenNode, *, recorded: NodeEnd | None, last_seen: datetime | None) -> NodeEnd:

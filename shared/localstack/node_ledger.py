@@ -73,7 +73,7 @@ async def close_open_nodes(
             event = new_event(released, source=SOURCE, time=datetime.now(UTC), event_id=event_id)
             await bus.publish(event)
             announced.append(released)
-        known = history.ended | {node.node for node in history.open}
-        return LedgerClosing(announced, [name for name in folder.started() if name not in known])
+        unannounced = [name for name in folder.started() if name not in history.launched]
+        return LedgerClosing(announced, unannounced)
     finally:
         await bus.close()
