@@ -96,7 +96,16 @@ class StopStack:
 
 
 Step = (
-    Launch | LaunchUnannounced | Stop | Release | Wait | Pass | KillScaler | StartScaler | StopStack
+    Launch
+    | LaunchUnannounced
+    | Stop
+    | Lost
+    | Release
+    | Wait
+    | Pass
+    | KillScaler
+    | StartScaler
+    | StopStack
 )
 
 steps = st.lists(
