@@ -14,9 +14,11 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 
@@ -125,13 +127,7 @@ async def run_demo(
         msg = f"{workdir / SCRIPT} not found; run the demo from the project root or pass --workdir"
         raise CliError(msg)
     settings = LocalStackSettings()
-    bus = BusSettings(connect_timeout_s=2)
-    try:
-        client = await SpotrainClient.connect(bus)
-    except (BusUnavailableError, PlatformError):
-        msg = f"the stack is not running (no NATS at {bus.nats_url}); start it: spotrain up"
-        raise CliError(msg) from None
-    async with client:
+    async with await connect_to_stack("spotrain up") as client:
         job_id = f"demo-{new_event_id()[:8]}"
         request = JobRequested(
             job_id=job_id,
@@ -143,26 +139,12 @@ async def run_demo(
             capacity=CapacityClass.SPOT,
         )
         story = Story(out)
-        answer = await client.submit(request)
-        if answer is None or not answer.type.endswith("accepted.v1"):
-            msg = f"the submitter did not accept {job_id}: {answer.data if answer else 'no answer'}"
-            raise CliError(msg)
+        await submit_accepted(client, request)
         story.say(f"submitted {job_id}: {SCRIPT}, seed {run.seed}, {run.steps} steps, spot")
-        try:
-            await asyncio.wait_for(
-                _follow(
-                    client,
-                    job_id,
-                    story,
-                    run=run,
-                    folder=NodeFolder(settings.node_dir),
-                    notice_s=notice_s,
-                ),
-                timeout=timeout_s,
-            )
-        except TimeoutError:
-            msg = f"{job_id} did not finish in {timeout_s:.0f}s; see `spotrain show {job_id}`"
-            raise CliError(msg) from None
+        followed = _follow(
+            client, job_id, story, run=run, folder=NodeFolder(settings.node_dir), notice_s=notice_s
+        )
+        await within(followed, job_id, timeout_s)
         record = await client.job(job_id)
     if record is None or record.checkpoint_uri is None or not story.preemptions:
         raise CliError(f"{job_id} ended without the preemption the demo is about")
@@ -173,6 +155,32 @@ async def run_demo(
     out.print(f"steps_lost: {sum(resumed.steps_lost for resumed, _ in story.resumes)}")
     out.print(f"result_matches_uninterrupted: {str(matches).lower()}")
     return story
+
+
+async def connect_to_stack(start_hint: str) -> SpotrainClient:
+    """The local stack's bus, or a one-line error saying how to start the stack."""
+    bus = BusSettings(connect_timeout_s=2)
+    try:
+        return await SpotrainClient.connect(bus)
+    except (BusUnavailableError, PlatformError):
+        msg = f"the stack is not running (no NATS at {bus.nats_url}); start it: {start_hint}"
+        raise CliError(msg) from None
+
+
+async def submit_accepted(client: SpotrainClient, request: JobRequested) -> None:
+    answer = await client.submit(request)
+    if answer is None or not answer.type.endswith("accepted.v1"):
+        why = answer.data if answer else "no answer"
+        raise CliError(f"the submitter did not accept {request.job_id}: {why}")
+
+
+async def within(followed: Coroutine[Any, Any, None], job_id: str, timeout_s: float) -> None:
+    """Follow the job to its end, or fail in one line once `timeout_s` has passed."""
+    try:
+        await asyncio.wait_for(followed, timeout=timeout_s)
+    except TimeoutError:
+        msg = f"{job_id} did not finish in {timeout_s:.0f}s; see `spotrain show {job_id}`"
+        raise CliError(msg) from None
 
 
 async def _follow(

@@ -9,7 +9,6 @@ It prints the story with timings, then one `name: value` line per figure.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import itertools
 import math
@@ -21,8 +20,8 @@ from pathlib import Path
 from rich.console import Console
 
 from shared.cli.console import CliError
-from shared.cli.demo import SCRIPT, Story
-from shared.client import PlatformError, SpotrainClient
+from shared.cli.demo import SCRIPT, Story, connect_to_stack, submit_accepted, within
+from shared.client import SpotrainClient
 from shared.cost.report import GroupBy, cost_rows
 from shared.events import new_event_id
 from shared.events.data import (
@@ -43,8 +42,6 @@ from shared.localstack.market import (
     next_stock_out,
 )
 from shared.localstack.settings import LocalStackSettings
-from shared.messaging import BusSettings
-from shared.messaging.jetstream import BusUnavailableError
 
 POOL = "gpu-spot"
 STEP_S = 0.5
@@ -120,13 +117,7 @@ async def run_market_demo(out: Console, *, workdir: Path, timeout_s: float) -> R
     if plan is None:
         msg = f"the {POOL} market has no stock-out the demo can ride soon; start it with: "
         raise CliError(msg + START_HINT)
-    bus = BusSettings(connect_timeout_s=2)
-    try:
-        client = await SpotrainClient.connect(bus)
-    except (BusUnavailableError, PlatformError):
-        msg = f"the stack is not running (no NATS at {bus.nats_url}); start it: {START_HINT}"
-        raise CliError(msg) from None
-    async with client:
+    async with await connect_to_stack(START_HINT) as client:
         job_id = f"market-{new_event_id()[:8]}"
         request = JobRequested(
             job_id=job_id,
@@ -147,10 +138,7 @@ async def run_market_demo(out: Console, *, workdir: Path, timeout_s: float) -> R
             estimate_s=math.ceil(plan.work_s),
         )
         story = Story(out)
-        answer = await client.submit(request)
-        if answer is None or not answer.type.endswith("accepted.v1"):
-            msg = f"the submitter did not accept {job_id}: {answer.data if answer else 'no answer'}"
-            raise CliError(msg)
+        await submit_accepted(client, request)
         dry_in = (plan.stock_out.dry_from - now).total_seconds()
         dry_for = (plan.stock_out.wet_from - plan.stock_out.dry_from).total_seconds()
         story.say(
@@ -158,11 +146,7 @@ async def run_market_demo(out: Console, *, workdir: Path, timeout_s: float) -> R
             f"deadline in {(plan.deadline - now).total_seconds():.0f}s; the {POOL} market runs "
             f"dry in {dry_in:.0f}s for {dry_for:.0f}s"
         )
-        try:
-            await asyncio.wait_for(_follow(client, job_id, story), timeout=timeout_s)
-        except TimeoutError:
-            msg = f"{job_id} did not finish in {timeout_s:.0f}s; see `spotrain show {job_id}`"
-            raise CliError(msg) from None
+        await within(_follow(client, job_id, story), job_id, timeout_s)
         record = await client.job(job_id)
         status = await client.pools()
         ledger = await client.costs()
