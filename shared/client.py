@@ -34,6 +34,7 @@ from shared.events.data import (
 from shared.jobs import JobRecord, jobs_bucket
 from shared.messaging import BusSettings
 from shared.messaging.jetstream import BusUnavailableError, JetStreamBus
+from shared.pool_knowledge import KNOWLEDGE_KEY, PoolsKnowledge
 from shared.pools import (
     SIGHTINGS_KEY,
     STATUS_KEY,
@@ -278,6 +279,16 @@ class SpotrainClient:
         except (nats.js.errors.BucketNotFoundError, nats.js.errors.NotFoundError):
             return None
         return PoolsStatus.model_validate_json(entry.value) if entry.value else None
+
+    async def knowledge(self) -> PoolsKnowledge | None:
+        """What the scaler has learnt of each pool (stock-outs, losses, windows of
+        availability); None before its first pass."""
+        try:
+            kv = await self._bus.client.jetstream().key_value(pools_bucket(self.prefix))
+            entry = await kv.get(KNOWLEDGE_KEY)
+        except (nats.js.errors.BucketNotFoundError, nats.js.errors.NotFoundError):
+            return None
+        return PoolsKnowledge.model_validate_json(entry.value) if entry.value else None
 
     async def _jobs_kv(self) -> Any:
         try:

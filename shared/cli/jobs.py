@@ -233,8 +233,23 @@ def cancel(job_id: str) -> None:
     out.print(f"cancel requested for {job_id}")
 
 
-def pools() -> None:
+def pools(
+    learnt: Annotated[
+        bool,
+        typer.Option(
+            "--learnt",
+            help="Print what the scaler has learnt of each pool, as JSON: the file "
+            "`spotrain simulate deadline --learnt POOL --knowledge FILE` starts from.",
+        ),
+    ] = False,
+) -> None:
     """Each pool: nodes, busy and free GPUs, price, and the pending demand it can serve."""
+    if learnt:
+        knowledge = _run(lambda: _with_client(lambda c: c.knowledge()))
+        if knowledge is None:
+            raise CliError("the scaler has learnt nothing yet; is it running? (spotrain status)")
+        print(knowledge.model_dump_json(indent=2))
+        return
     status = _run(lambda: _with_client(lambda c: c.pools()))
     if status is None:
         raise CliError("the scaler has not reported yet; is it running? (spotrain status)")

@@ -4,11 +4,13 @@ needs, shrinks when its nodes are idle, and holds demand that would break the bu
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,6 +22,7 @@ from shared.localstack import stack
 from shared.localstack.settings import LocalStackSettings, isolated_stack
 from shared.messaging import BusSettings
 from shared.messaging.jetstream import JetStreamBus
+from shared.pool_knowledge import PoolsKnowledge
 from tests.async_helpers import eventually
 from tests.events import NOW, job_requested
 
@@ -57,8 +60,19 @@ async def events(bus: JetStreamBus, kind: str) -> list[Any]:
     return [decode(m.data).data for m in await bus.read(f"{bus.prefix}.{kind}")]
 
 
+async def spotrain(cluster: LocalStackSettings, *args: str) -> subprocess.CompletedProcess[str]:
+    return await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-c", "from shared.cli.entry import main; main()", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "SPOTRAIN_NATS_URL": cluster.nats_url, "COLUMNS": "200"},
+        check=False,
+    )
+
+
 async def test_a_two_gpu_job_adds_exactly_one_node_which_goes_when_idle(
-    cluster: LocalStackSettings, bus: JetStreamBus
+    cluster: LocalStackSettings, bus: JetStreamBus, tmp_path: Path
 ) -> None:
     assert nodes(cluster) == []
     script = "import time; time.sleep(3); print('trained')"
@@ -91,6 +105,27 @@ async def test_a_two_gpu_job_adds_exactly_one_node_which_goes_when_idle(
     assert time.monotonic() - started >= IDLE_TIMEOUT_S - 1, "not released before the timeout"
     assert [e.size for e in await events(bus, "pool.resized") if e.pool == "gpu-spot"][-1] == 0
 
+    # What the scaler learnt of the pool is on the bus, and the simulator starts from it.
+    learnt = await spotrain(cluster, "pools", "--learnt")
+    assert learnt.returncode == 0, learnt.stderr
+    record = PoolsKnowledge.model_validate_json(learnt.stdout).pools["gpu-spot"]
+    assert record.node_hours > 0, "the node it held"
+    assert record.taken_back == 0, "released, not taken back"
+    trace = tmp_path / "market.json"
+    trace.write_text(json.dumps({"metadata": {"gap_seconds": 600}, "data": [1] * 40}))
+    simulated = await spotrain(
+        cluster, "simulate", "deadline", "--spot-trace", str(trace), "--hours", "2",
+        "--deadline", "4", "--learnt", "gpu-spot", "--policy", "spotrain", "--json",
+    )  # fmt: skip
+    assert simulated.returncode == 0, simulated.stderr
+    assert json.loads(simulated.stdout)[0]["met_deadline"] is True
+    unknown = await spotrain(
+        cluster, "simulate", "deadline", "--spot-trace", str(trace), "--hours", "2",
+        "--deadline", "4", "--learnt", "gpu-nowhere",
+    )  # fmt: skip
+    assert unknown.returncode == 2
+    assert "the stack knows no such pool (pools: " in unknown.stderr
+
 
 async def test_a_job_over_the_budget_is_held_with_the_reason(
     cluster: LocalStackSettings, bus: JetStreamBus
@@ -114,14 +149,7 @@ async def test_a_job_over_the_budget_is_held_with_the_reason(
     assert nodes(cluster) == [], "a job that cannot be placed whole takes nothing"
     [failure] = [e for e in await events(bus, "pool.resize_failed") if "job-too-dear" in e.message]
     assert "over the budget of $0.80/h" in failure.message
-    shown = await asyncio.to_thread(
-        subprocess.run,
-        [sys.executable, "-c", "from shared.cli.entry import main; main()", "pools"],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "SPOTRAIN_NATS_URL": cluster.nats_url, "COLUMNS": "200"},
-        check=False,
-    )
+    shown = await spotrain(cluster, "pools")
     assert shown.returncode == 0, shown.stderr
     assert "gpu-spot" in shown.stdout
     assert "1 job(s) held" in shown.stdout

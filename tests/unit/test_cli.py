@@ -176,3 +176,67 @@ def test_simulate_deadline_refuses_bad_input_in_one_line(
     assert says in result.stderr
     assert result.stderr.count("\n") == 1, result.stderr
     assert result.stdout == ""
+
+
+def _knowledge(folder: Path, windows_h: list[float]) -> Path:
+    path = folder / "learnt.json"
+    record = {
+        "pool": "gpu-spot",
+        "watched_since": "2026-12-01T00:00:00Z",
+        "seen_until": "2026-12-03T00:00:00Z",
+        "windows_h": windows_h,
+    }
+    path.write_text(
+        json.dumps({"updated_at": "2026-12-03T00:00:00Z", "pools": {"gpu-spot": record}})
+    )
+    return path
+
+
+def test_simulate_deadline_starts_from_what_the_platform_learnt(tmp_path: Path) -> None:
+    """The same job and market, with what `spotrain pools --learnt` wrote of two pools: one
+    whose windows have lasted, one whose have not. Only the first is worth spot."""
+    trace = _spot_trace(tmp_path, [1] * 40)
+    costs = []
+    for windows_h in ([5.0] * 9, [0.1] * 100):
+        knowledge = _knowledge(tmp_path, windows_h)
+        result = spotrain(
+            "simulate", "deadline", "--spot-trace", str(trace), "--hours", "2", "--deadline",
+            "2.4", "--overhead", "0.1", "--start-tick", "5", "--policy", "spotrain",
+            "--learnt", "gpu-spot", "--knowledge", str(knowledge), "--json",
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        [outcome] = json.loads(result.stdout)
+        assert outcome["met_deadline"]
+        costs.append(outcome["cost_od_hours"])
+    assert costs[0] == pytest.approx(0.3 * 2.1), "on spot throughout"
+    assert costs[1] == pytest.approx(2.1), "on on-demand throughout"
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        pytest.param(("--learnt", "gpu-nowhere"), "knows no such pool (pools: gpu-spot)",
+                     id="unknown-pool"),
+        pytest.param(("--knowledge", "{file}"), "--knowledge needs --learnt POOL",
+                     id="knowledge-without-a-pool"),
+        pytest.param(("--learnt", "gpu-spot", "--knowledge", "{trace}"),
+                     "not what `spotrain pools --learnt` writes", id="not-knowledge"),
+        pytest.param(("--learnt", "gpu-spot", "--knowledge", "{missing}"), "No such file",
+                     id="missing-file"),
+    ],
+)  # fmt: skip
+def test_simulate_deadline_refuses_bad_knowledge_in_one_line(
+    tmp_path: Path, args: tuple[str, ...], says: str
+) -> None:
+    trace = _spot_trace(tmp_path, [1, 0] * 20)
+    files = {"file": _knowledge(tmp_path, [1.0]), "trace": trace, "missing": tmp_path / "no"}
+    options = [a.format(**files) for a in args]
+    if "--knowledge" not in options:
+        options += ["--knowledge", str(files["file"])]
+    result = spotrain(
+        "simulate", "deadline", "--spot-trace", str(trace), "--hours", "2", "--deadline", "4",
+        *options,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert says in result.stderr
+    assert result.stderr.count("\n") == 1, result.stderr

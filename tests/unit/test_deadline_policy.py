@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from hypothesis import given, settings
@@ -18,6 +19,7 @@ from services.scaler.simulation.deadline import (
     UniformProgress,
     check,
     optimal,
+    run,
     run_online,
 )
 from services.scaler.simulation.traces import SpotTrace
@@ -31,6 +33,7 @@ from shared.deadline import (
     outlook,
     tally,
 )
+from shared.pool_knowledge import PoolRecord
 
 LONG_WINDOWS = SpotOutlook(seen_h=100, productive_share=0.6, mean_window_h=5.0)
 SHORT_WINDOWS = SpotOutlook(seen_h=100, productive_share=0.05, mean_window_h=0.25)
@@ -212,3 +215,59 @@ def test_spotrain_meets_every_deadline_on_demand_could(
         other = run_online(policy, trace, history, job)
         if other.met_deadline:  # the paper's rules keep no margin for a tick without restarts
             assert best <= other.cost_od_hours + 1e-6
+
+
+@pytest.mark.parametrize(
+    ("available", "choices", "moves", "starts"),
+    [
+        pytest.param([1, 1, 1, 1], [Run.SPOT] * 4, 0, 1, id="spot-throughout"),
+        pytest.param([1, 0, 0, 1], [Run.SPOT, Run.WAIT, Run.WAIT, Run.SPOT], 0, 2,
+                     id="spot-again-after-a-wait"),
+        pytest.param([1, 0, 1, 1], [Run.SPOT, Run.ON_DEMAND, Run.SPOT, Run.SPOT], 2, 3,
+                     id="to-on-demand-and-back"),
+        pytest.param([0, 0, 1, 1], [Run.ON_DEMAND, Run.WAIT, Run.SPOT, Run.SPOT], 1, 2,
+                     id="a-wait-between-kinds-is-still-a-move"),
+    ],
+)  # fmt: skip
+def test_moves_count_starts_on_another_kind_of_capacity(
+    available: list[int], choices: list[Run], moves: int, starts: int
+) -> None:
+    """As the live platform counts a job's moves: a start on another kind than the run
+    before, whatever came between; a restart on the same kind is no move."""
+    job = DeadlineJob(work_h=10.0, deadline_h=20.0, overhead_h=0.0)
+    trace = _trace([bool(a) for a in available] + [True] * 200)
+    outcome = run_online(_Script(tuple(choices)), trace, 0, job)
+    assert (outcome.moves, outcome.starts) == (moves, starts)
+
+
+def _learnt(windows_h: tuple[float, ...], watched_h: float) -> PoolRecord:
+    since = datetime(2026, 12, 1, tzinfo=UTC)
+    return PoolRecord(
+        pool="gpu-spot",
+        watched_since=since,
+        seen_until=since + timedelta(hours=watched_h),
+        windows_h=windows_h,
+    )
+
+
+@pytest.mark.parametrize(
+    ("windows_h", "takes_spot"),
+    [
+        pytest.param((5.0,) * 20, True, id="long-windows-pay-for-their-restart"),
+        pytest.param((0.1,) * 100, False, id="short-windows-do-not"),
+    ],
+)
+def test_the_platform_policy_starts_from_what_the_live_platform_learnt(
+    windows_h: tuple[float, ...], takes_spot: bool
+) -> None:
+    """A job behind its line, with spot there now: whether it is worth taking depends on
+    how long the pool's windows have lasted, as the live platform saw them, and not on the
+    trace's past (none is shown)."""
+    # Behind (0.3 h to spare, below a fifth of the work), yet with room for two restarts.
+    job = DeadlineJob(work_h=2.0, deadline_h=2.4, overhead_h=0.1, spot_price_ratio=0.3)
+    trace = _trace([True] * 40)
+    learnt = _learnt(windows_h, watched_h=sum(windows_h) * 2)
+    outcome = run("spotrain", trace, 10, job, learnt)
+    assert outcome.met_deadline
+    assert (outcome.spot_h > 0) is takes_spot
+    assert (outcome.on_demand_h > 0) is not takes_spot

@@ -9,11 +9,17 @@ included (what the platform would have seen of the pool).
 
     spotrain simulate deadline --spot-trace FILE --hours 48 --deadline 52 \\
         [--overhead 0.2] [--spot-price-ratio 0.3] [--start-tick N] [--policy ...] [--json]
+        [--learnt POOL [--knowledge FILE]]
+
+With `--learnt POOL`, the platform's policy starts from what the live platform has learnt
+of a pool (`spotrain pools --learnt`: its windows of availability and how long it watched)
+rather than from the trace's past: what would this job do here, with what we know now.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import math
 import sys
@@ -23,10 +29,13 @@ from pathlib import Path
 from typing import NoReturn, Protocol
 
 import numpy as np
+from pydantic import ValidationError
 
 from services.scaler.simulation.traces import SpotTrace, read_spot_trace
 from shared import deadline
+from shared.client import PlatformError, SpotrainClient
 from shared.deadline import DeadlineState, Run, WindowTally
+from shared.pool_knowledge import PoolRecord, PoolsKnowledge
 
 POLICIES = ("spotrain", "uniform-progress", "greedy", "on-demand", "optimal")
 
@@ -55,6 +64,9 @@ class Outcome:
     on_demand_h: float
     starts: int
     preemptions: int
+    moves: int = 0
+    """Starts on another kind of capacity than the run before (spot to on-demand or back),
+    as `spotrain demo --market` counts them on a live job's attempts."""
 
     def as_json(self) -> dict[str, object]:
         return {
@@ -110,9 +122,16 @@ class Spotrain(_Watcher):
 
     name = "spotrain"
 
-    def __init__(self, job: DeadlineJob) -> None:
+    def __init__(self, job: DeadlineJob, learnt: PoolRecord | None = None) -> None:
         super().__init__(job.overhead_h)
         self.job = job
+        if learnt is not None:
+            # What the live platform knew of the pool: its windows, how long it watched,
+            # and the window still open when it last looked.
+            self.seen = deadline.tally(learnt.windows_h, job.overhead_h)
+            self.watched_h = learnt.watched_h
+            if learnt.available_since is not None:
+                self.open_h = (learnt.seen_until - learnt.available_since).total_seconds() / 3600
 
     def decide(self, view: TickView) -> Run:
         state = DeadlineState.model_construct(
@@ -222,18 +241,25 @@ def check(trace: SpotTrace, start_tick: int, job: DeadlineJob) -> None:
 
 
 def run_online(
-    policy: OnlinePolicy, trace: SpotTrace, start_tick: int, job: DeadlineJob
+    policy: OnlinePolicy,
+    trace: SpotTrace,
+    start_tick: int,
+    job: DeadlineJob,
+    *,
+    history_h: float = HISTORY_H,
 ) -> Outcome:
-    """One job under an online policy: at each tick the policy sees the pool then, the past,
-    and the job; a spot instance is lost at the first tick the pool has none."""
+    """One job under an online policy: at each tick the policy sees the pool then, the past
+    (up to `history_h` of the trace before the start), and the job; a spot instance is lost
+    at the first tick the pool has none."""
     tick_h = trace.gap_s / 3600
-    first = max(0, start_tick - int(HISTORY_H / tick_h))
+    first = max(0, start_tick - int(history_h / tick_h))
     for count in trace.counts[first:start_tick]:
         policy.observe(count > 0, tick_h)
     running = Run.WAIT
     overhead_left = 0.0
     done = spot_h = od_h = cost = 0.0
-    starts = preemptions = 0
+    starts = preemptions = moves = 0
+    last_started: Run | None = None
     for i, available in enumerate(_window(trace, start_tick, job)):
         elapsed = i * tick_h
         policy.observe(available, tick_h)
@@ -255,6 +281,8 @@ def run_online(
         if choice is not running and choice is not Run.WAIT:
             overhead_left = job.overhead_h
             starts += 1
+            moves += last_started is not None and choice is not last_started
+            last_started = choice
         running = choice
         if running is Run.WAIT:
             overhead_left = 0.0
@@ -275,9 +303,9 @@ def run_online(
             od_h += used
         if finished:
             return Outcome(policy.name, cost, True, elapsed + used, spot_h, od_h, starts,
-                           preemptions)  # fmt: skip
+                           preemptions, moves)  # fmt: skip
         done += productive
-    return Outcome(policy.name, cost, False, None, spot_h, od_h, starts, preemptions)
+    return Outcome(policy.name, cost, False, None, spot_h, od_h, starts, preemptions, moves)
 
 
 def optimal(trace: SpotTrace, start_tick: int, job: DeadlineJob) -> Outcome:
@@ -411,10 +439,50 @@ def make_policy(name: str, job: DeadlineJob) -> OnlinePolicy:
     return makers[name](job)
 
 
-def run(name: str, trace: SpotTrace, start_tick: int, job: DeadlineJob) -> Outcome:
+def run(
+    name: str,
+    trace: SpotTrace,
+    start_tick: int,
+    job: DeadlineJob,
+    learnt: PoolRecord | None = None,
+) -> Outcome:
+    """One policy's outcome. With `learnt`, the platform's policy starts from what the live
+    platform learnt of a pool instead of the trace's past, and no policy sees that past."""
     if name == "optimal":
         return optimal(trace, start_tick, job)
-    return run_online(make_policy(name, job), trace, start_tick, job)
+    if learnt is None:
+        return run_online(make_policy(name, job), trace, start_tick, job)
+    policy = Spotrain(job, learnt) if name == "spotrain" else make_policy(name, job)
+    return run_online(policy, trace, start_tick, job, history_h=0.0)
+
+
+def learnt_of(pool: str, knowledge_file: Path | None) -> PoolRecord:
+    """What the platform learnt of `pool`: from a file `spotrain pools --learnt` wrote, or
+    from the running stack's scaler. A ValueError or PlatformError says why not."""
+    knowledge: PoolsKnowledge | None
+    if knowledge_file is not None:
+        try:
+            knowledge = PoolsKnowledge.model_validate_json(knowledge_file.read_text())
+        except ValidationError as error:
+            why = error.errors()[0]["msg"]
+            msg = f"{knowledge_file}: not what `spotrain pools --learnt` writes ({why})"
+            raise ValueError(msg) from None
+        where = str(knowledge_file)
+    else:
+        knowledge = asyncio.run(_stack_knowledge())
+        where = "the stack"
+        if knowledge is None:
+            raise ValueError("the stack's scaler has learnt nothing yet (spotrain status)")
+    record = knowledge.pools.get(pool)
+    if record is None:
+        known = ", ".join(sorted(knowledge.pools)) or "none"
+        raise ValueError(f"--learnt {pool}: {where} knows no such pool (pools: {known})")
+    return record
+
+
+async def _stack_knowledge() -> PoolsKnowledge | None:
+    async with await SpotrainClient.connect() as client:
+        return await client.knowledge()
 
 
 class _Parser(argparse.ArgumentParser):
@@ -434,6 +502,18 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--start-tick", type=int, default=0)
     p.add_argument("--policy", default=",".join(POLICIES), help=f"any of {','.join(POLICIES)}")
     p.add_argument("--json", action="store_true", help="a list of {policy, cost, met}")
+    p.add_argument(
+        "--learnt",
+        metavar="POOL",
+        help="start the platform's policy from what the live platform learnt of POOL "
+        "(its stock-outs and windows) instead of the trace's past",
+    )
+    p.add_argument(
+        "--knowledge",
+        type=Path,
+        metavar="FILE",
+        help="with --learnt: read it from FILE (`spotrain pools --learnt > FILE`), not the stack",
+    )
     return p
 
 
@@ -447,11 +527,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         trace = read_spot_trace(args.spot_trace)
         job = DeadlineJob(args.hours, args.deadline, args.overhead, args.spot_price_ratio)
         check(trace, args.start_tick, job)
-    except (OSError, ValueError) as error:
+        if args.knowledge is not None and args.learnt is None:
+            raise ValueError("--knowledge needs --learnt POOL")
+        learnt = learnt_of(args.learnt, args.knowledge) if args.learnt else None
+    except (OSError, ValueError, PlatformError) as error:
         # The user's to fix: one line, nothing written, no traceback.
         print(f"spotrain simulate deadline: error: {error}", file=sys.stderr)
         return 2
-    outcomes = [run(name, trace, args.start_tick, job) for name in names]
+    outcomes = [run(name, trace, args.start_tick, job, learnt) for name in names]
     if args.json:
         print(json.dumps([o.as_json() for o in outcomes]))
         return 0
