@@ -613,6 +613,8 @@ def test_rendered_settings_say_what_the_values_say(
     )
     pools = scaler.pools()
     assert [p.name for p in pools] == [p["name"] for p in example["pools"]]
+    assert [p.zone for p in pools] == [p.get("zone") for p in example["pools"]]
+    assert len({p.zone for p in pools if p.capacity is CapacityClass.SPOT}) == 2, "two markets"
     assert scaler.gke_node_pools == {p.name: p.name for p in pools}
     assert scaler.ray_gcs_address == "spotrain-head-svc:6379"
     assert scaler.budget_per_hour_usd == 40.0
@@ -634,7 +636,8 @@ def test_rendered_settings_say_what_the_values_say(
 
 
 def test_each_process_has_its_own_nats_credentials_secret(gke: list[Manifest]) -> None:
-    """One Secret per process, mounted read-only where SPOTRAIN_NATS_CREDS_FILE points."""
+    """One Secret per process, mounted read-only where SPOTRAIN_NATS_CREDS_FILE points (the
+    metadata agents, one DaemonSet per spot pool, are one process: they share theirs)."""
     secrets = []
     for pod in pods(gke):
         if pod.where.startswith("RayCluster/"):
@@ -648,7 +651,11 @@ def test_each_process_has_its_own_nats_credentials_secret(gke: list[Manifest]) -
         secret = volumes["nats-creds"]["secret"]
         assert [item["path"] for item in secret["items"]] == [Path(creds_file).name]
         secrets.append(secret["secretName"])
-    assert len(secrets) == len(set(secrets)) == 6, secrets
+    agent = "spotrain-nats-metadata-agent"
+    spot_pools = [p for p in _values(GKE_EXAMPLE)["pools"] if p["capacity"] == "spot"]
+    assert secrets.count(agent) == len(spot_pools) == 2, secrets
+    others = [s for s in secrets if s != agent]
+    assert len(others) == len(set(others)) == 5, secrets
 
 
 def test_role_environment_files_are_loaded_whole_from_one_secret_per_process(
