@@ -8,6 +8,7 @@ from shared.events.catalog import (
     dlq_subject,
     spec_for,
     subject_for,
+    subject_of,
     subjects_for,
 )
 from shared.events.codec import (
@@ -38,5 +39,6 @@ __all__ = [
     "node_event_id",
     "spec_for",
     "subject_for",
+    "subject_of",
     "subjects_for",
 ]
