@@ -8,7 +8,6 @@ from shared.events.catalog import (
     dlq_subject,
     spec_for,
     subject_for,
-    subject_of,
     subjects_for,
 )
 from shared.events.codec import (
@@ -39,6 +38,5 @@ __all__ = [
     "node_event_id",
     "spec_for",
     "subject_for",
-    "subject_of",
     "subjects_for",
 ]

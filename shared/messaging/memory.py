@@ -13,7 +13,7 @@ from typing import Any
 
 import structlog
 
-from shared.events import DEFAULT_PREFIX, Event, dlq_subject, encode, subject_of
+from shared.events import DEFAULT_PREFIX, Event, dlq_subject, encode, spec_for
 from shared.messaging.dead_letters import MSG_ID, dead_letter_headers
 from shared.messaging.delivery import (
     Ack,
@@ -63,7 +63,7 @@ class InMemoryBus:
         return self._prefix
 
     async def publish(self, event: Event[Any]) -> PublishAck:
-        subject = subject_of(event.data, self._prefix)
+        subject = spec_for(type(event.data)).subject(self._prefix)
         return await self.publish_raw(subject, encode(event), {MSG_ID: event.id})
 
     async def publish_many(self, events: Sequence[Event[Any]]) -> list[PublishAck]:
