@@ -264,31 +264,29 @@ class SpotrainClient:
     async def sightings(self) -> NodeSightings | None:
         """When the scaler last saw each node open on the ledger; None before its first
         pass (or from a scaler that does not post them)."""
-        try:
-            kv = await self._bus.client.jetstream().key_value(pools_bucket(self.prefix))
-            entry = await kv.get(SIGHTINGS_KEY)
-        except (nats.js.errors.BucketNotFoundError, nats.js.errors.NotFoundError):
-            return None
-        return NodeSightings.model_validate_json(entry.value) if entry.value else None
+        value = await self._pools_entry(SIGHTINGS_KEY)
+        return NodeSightings.model_validate_json(value) if value else None
 
     async def pools(self) -> PoolsStatus | None:
         """The scaler's latest view of the pools; None before its first pass."""
-        try:
-            kv = await self._bus.client.jetstream().key_value(pools_bucket(self.prefix))
-            entry = await kv.get(STATUS_KEY)
-        except (nats.js.errors.BucketNotFoundError, nats.js.errors.NotFoundError):
-            return None
-        return PoolsStatus.model_validate_json(entry.value) if entry.value else None
+        value = await self._pools_entry(STATUS_KEY)
+        return PoolsStatus.model_validate_json(value) if value else None
 
     async def knowledge(self) -> PoolsKnowledge | None:
         """What the scaler has learnt of each pool (stock-outs, losses, windows of
         availability); None before its first pass."""
+        value = await self._pools_entry(KNOWLEDGE_KEY)
+        return PoolsKnowledge.model_validate_json(value) if value else None
+
+    async def _pools_entry(self, key: str) -> bytes | None:
+        """One key of the scaler's `pools` bucket; None while there is no such key."""
         try:
             kv = await self._bus.client.jetstream().key_value(pools_bucket(self.prefix))
-            entry = await kv.get(KNOWLEDGE_KEY)
+            entry = await kv.get(key)
         except (nats.js.errors.BucketNotFoundError, nats.js.errors.NotFoundError):
             return None
-        return PoolsKnowledge.model_validate_json(entry.value) if entry.value else None
+        value: bytes | None = entry.value
+        return value
 
     async def _jobs_kv(self) -> Any:
         try:
