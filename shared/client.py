@@ -18,6 +18,7 @@ from typing import Any, Self
 
 import nats.errors
 import nats.js.errors
+from pydantic import ValidationError
 
 from shared.clock import Clock, SystemClock
 from shared.cost import COST_EVENTS, Ledger, PoolPrice, ledger
@@ -34,6 +35,8 @@ from shared.events.data import (
 from shared.jobs import JobRecord, jobs_bucket
 from shared.messaging import BusSettings
 from shared.messaging.jetstream import BusUnavailableError, JetStreamBus
+from shared.messaging.settings import CREDENTIALS_VARIABLE, ClientBusSettings, credentials_file
+from shared.natsauth.permissions import Role
 from shared.pool_knowledge import KNOWLEDGE_KEY, PoolsKnowledge
 from shared.pools import (
     SIGHTINGS_KEY,
@@ -62,6 +65,15 @@ def new_job_id(entrypoint: Sequence[str]) -> str:
 
 
 def current_user() -> str:
+    """Who the client acts for: the person whose own credential it connects with
+    (`spotrain users add`; the server lets it publish requests on that name only), else
+    the login name."""
+    try:
+        named = ClientBusSettings().nats_user
+    except ValidationError:
+        named = None  # connecting reports what is wrong with the settings
+    if named and named not in {role.value for role in Role}:
+        return named
     user = re.sub(r"[^A-Za-z0-9._@-]+", "-", getpass.getuser()).strip("-")
     return user or "unknown"
 
@@ -73,7 +85,12 @@ class SpotrainClient:
 
     @classmethod
     async def connect(cls, settings: BusSettings | None = None) -> Self:
-        settings = settings or BusSettings(connect_timeout_s=3)
+        if settings is None:
+            credentials = credentials_file()
+            if credentials is not None and not credentials.is_file():
+                msg = f"{CREDENTIALS_VARIABLE} names {credentials}, which is not a file"
+                raise PlatformError(msg)
+            settings = ClientBusSettings(connect_timeout_s=3)
         try:
             bus = await JetStreamBus.connect(settings, name="spotrain-client")
         except BusUnavailableError:
@@ -143,8 +160,14 @@ class SpotrainClient:
                 await sub.unsubscribe()
 
     async def cancel(self, job_id: str, requested_by: str) -> None:
-        if await self.job(job_id) is None:
+        """Ask for the job to stop; a job is its owner's to cancel (the submitter refuses
+        anyone else's request, so this says so before asking)."""
+        record = await self.job(job_id)
+        if record is None:
             raise PlatformError(f"no job {job_id}")
+        if record.request.owner != requested_by:
+            msg = f"{job_id} is {record.request.owner}'s: only its owner may cancel it"
+            raise PlatformError(msg)
         event = new_event(
             JobCancelRequested(job_id=job_id, requested_by=requested_by),
             source=f"cli/{requested_by}",

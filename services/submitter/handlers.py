@@ -98,6 +98,9 @@ async def on_job_cancel_requested(event: Event[JobCancelRequested], deps: Deps) 
         msg = f"no job {event.data.job_id} to cancel"
         raise Unhandleable(msg)
     record, revision = found
+    refused = policy.who_may_not_cancel(record, event.data.requested_by)
+    if refused is not None:
+        raise Unhandleable(refused)
     transition = policy.cancel(record, deps.clock.now())
     await _apply(transition, revision, deps)
     attempt = transition.record.current

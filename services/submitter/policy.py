@@ -361,6 +361,15 @@ def eta_s(attempt: Attempt, step: int, total_steps: int | None, at: datetime) ->
 _METRIC_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}$")
 
 
+def who_may_not_cancel(record: JobRecord, requested_by: str) -> str | None:
+    """Why `requested_by` may not cancel this job, if they may not: a job is its owner's
+    to cancel. `requested_by` is proven, as the owner was: each is the name of the
+    credential that sent the request (`shared.events.catalog.SENT_BY`)."""
+    if requested_by == record.request.owner:
+        return None
+    return f"{requested_by} may not cancel {record.job_id}: it is {record.request.owner}'s"
+
+
 def cancel(record: JobRecord, now: datetime) -> Transition:
     """A cancellation request: flag the record; a job with nothing running ends at once."""
     if not record.is_active:

@@ -20,6 +20,7 @@ from shared.cli.events import register_event_commands
 from shared.cli.jobs import duration_s, register_job_commands
 from shared.cli.nats_config import register_nats_commands
 from shared.cli.top import register_top_command
+from shared.cli.users import register_user_commands
 from shared.client import PlatformError
 from shared.localstack import stack
 from shared.localstack.market import check_market_pools
@@ -221,6 +222,7 @@ register_job_commands(app)
 register_cost_commands(app)
 register_event_commands(app)
 register_nats_commands(app)
+register_user_commands(app)
 register_top_command(app)
 
 

@@ -4,10 +4,13 @@ from shared.events.catalog import (
     CATALOG,
     DEFAULT_PREFIX,
     EventSpec,
+    aggregate_subject,
     all_subjects,
     dlq_subject,
     spec_for,
     subject_for,
+    subject_matches,
+    subject_of,
     subjects_for,
 )
 from shared.events.codec import (
@@ -29,6 +32,7 @@ __all__ = [
     "EventSpec",
     "InvalidEventError",
     "InvalidReason",
+    "aggregate_subject",
     "all_subjects",
     "decode",
     "dlq_subject",
@@ -38,5 +42,7 @@ __all__ = [
     "node_event_id",
     "spec_for",
     "subject_for",
+    "subject_matches",
+    "subject_of",
     "subjects_for",
 ]

@@ -32,8 +32,30 @@ class EventSpec:
     def type(self) -> str:
         return self.model.event_type()
 
+    @property
+    def sender_field(self) -> str | None:
+        """For a request, the field that names who sent it (see `SENT_BY`)."""
+        return SENT_BY.get(self.model)
+
     def subject(self, prefix: str = DEFAULT_PREFIX) -> str:
-        return f"{prefix}.{self.model.aggregate}.{self.model.event}"
+        """Where this model's events are found: a consumer's filter, a permission. A
+        request's subject ends in its sender's name, so this covers every sender."""
+        base = f"{prefix}.{self.model.aggregate}.{self.model.event}"
+        return f"{base}.>" if self.sender_field else base
+
+    def subject_of(self, data: d.EventData, prefix: str = DEFAULT_PREFIX) -> str:
+        """Where this event is published: a request on its sender's own subject."""
+        base = f"{prefix}.{self.model.aggregate}.{self.model.event}"
+        field = self.sender_field
+        return f"{base}.{getattr(data, field)}" if field else base
+
+    def sender_on(self, subject: str, prefix: str = DEFAULT_PREFIX) -> str | None:
+        """The sender a request's subject names (names may hold dots: all that follows
+        the event's own tokens); None for an event that names none."""
+        base = f"{prefix}.{self.model.aggregate}.{self.model.event}."
+        if self.sender_field is None or not subject.startswith(base):
+            return None
+        return subject[len(base) :] or None
 
 
 _MODELS: tuple[type[d.EventData], ...] = (
@@ -61,6 +83,16 @@ _MODELS: tuple[type[d.EventData], ...] = (
     d.NodeLost,
 )
 
+SENT_BY: Mapping[type[d.EventData], str] = {
+    d.JobRequested: "owner",
+    d.JobCancelRequested: "requested_by",
+}
+"""Requests, and the field that names their sender. Each is published on a subject that
+ends in that name (`<prefix>.job.requested.<owner>`): a user's NATS credential may publish
+only on its own name (shared/natsauth), and a consumer takes only a request whose subject
+and field agree (shared/messaging/delivery.py), so the owner of a job is whoever's
+credential sent it, never what the payload claims."""
+
 CATALOG: Mapping[str, EventSpec] = {model.event_type(): EventSpec(model=model) for model in _MODELS}
 
 
@@ -70,12 +102,35 @@ def spec_for(model: type[d.EventData]) -> EventSpec:
 
 
 def subject_for(model: type[d.EventData], prefix: str = DEFAULT_PREFIX) -> str:
+    """Where a model's events are found (every sender's, for a request)."""
     return spec_for(model).subject(prefix)
+
+
+def subject_of(data: d.EventData, prefix: str = DEFAULT_PREFIX) -> str:
+    """Where one event is published."""
+    return spec_for(type(data)).subject_of(data, prefix)
 
 
 def subjects_for(models: Iterable[type[d.EventData]], prefix: str = DEFAULT_PREFIX) -> list[str]:
     """Distinct subjects of several models, in a stable order (a consumer's filter)."""
     return sorted({subject_for(model, prefix) for model in models})
+
+
+def subject_matches(pattern: str, subject: str) -> bool:
+    """NATS matching: `*` is one token, a final `>` one or more."""
+    words = subject.split(".")
+    wildcards = pattern.split(".")
+    for i, word in enumerate(wildcards):
+        if word == ">":
+            return len(words) > i
+        if i >= len(words) or word not in ("*", words[i]):
+            return False
+    return len(wildcards) == len(words)
+
+
+def aggregate_subject(model: type[d.EventData], prefix: str = DEFAULT_PREFIX) -> str:
+    """Every event of a model's aggregate (`<prefix>.job.>`): one consumer's filter."""
+    return f"{prefix}.{model.aggregate}.>"
 
 
 def all_subjects(prefix: str = DEFAULT_PREFIX) -> str:

@@ -67,9 +67,7 @@ def _asyncapi(prefix: str) -> dict[str, Any]:
             "contentType": "application/json",
             "payload": {"$ref": ref},
         }
-        channel_doc = channels.setdefault(
-            channel, {"address": spec.subject(prefix), "messages": {}}
-        )
+        channel_doc = channels.setdefault(channel, _channel(spec, prefix))
         channel_doc["messages"][name] = {"$ref": f"#/components/messages/{name}"}
         operations[f"on{name}"] = {
             "action": "receive",
@@ -93,6 +91,23 @@ def _asyncapi(prefix: str) -> dict[str, Any]:
         "channels": channels,
         "operations": operations,
         "components": {"messages": messages, "schemas": schemas},
+    }
+
+
+def _channel(spec: EventSpec, prefix: str) -> dict[str, Any]:
+    """A channel's address; a request's ends in its sender, an AsyncAPI parameter."""
+    if spec.sender_field is None:
+        return {"address": spec.subject(prefix), "messages": {}}
+    base = f"{prefix}.{spec.model.aggregate}.{spec.model.event}"
+    return {
+        "address": f"{base}.{{sender}}",
+        "parameters": {
+            "sender": {
+                "description": f"The sender's name, the event's `{spec.sender_field}`: a "
+                "user's credential may publish on its own name only."
+            }
+        },
+        "messages": {},
     }
 
 

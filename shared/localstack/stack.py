@@ -12,6 +12,7 @@ import http.client
 import json
 import os
 import shutil
+import signal
 import sys
 import time
 import urllib.error
@@ -36,7 +37,7 @@ from shared.localstack.processes import (
 from shared.localstack.ray_nodes import NodePorts, node_env, node_temp_dir, ray_binary
 from shared.localstack.settings import LocalStackSettings
 from shared.messaging.settings import BusSettings
-from shared.natsauth import write_nats_config
+from shared.natsauth import NatsConfig, write_nats_config
 from shared.spot_traces import SpotMarketOption
 
 SERVICES = ("submitter", "scaler", "preemption_watcher", "checkpointer")
@@ -92,7 +93,7 @@ def components(settings: LocalStackSettings) -> list[Component]:
         "PYTHONUNBUFFERED": "1",
         "RAY_USAGE_STATS_ENABLED": "0",
     }
-    auth = write_nats_config(s.nats_auth_dir) if s.is_secure else None
+    auth = nats_auth(s) if s.is_secure else None
     nats = Component(
         name="nats",
         argv=[
@@ -106,9 +107,9 @@ def components(settings: LocalStackSettings) -> list[Component]:
             str(s.nats_port),
             "--http_port",
             str(s.nats_monitor_port),
-            "--server_name",
-            "spotrain-local",
-            *(auth.server_argv if auth else []),
+            # On a secure stack the name is in the configuration: a reload (new people)
+            # refuses a name that the flag set and the file does not say.
+            *(auth.server_argv if auth else ["--server_name", NATS_SERVER_NAME]),
         ],
         env=base_env,
         ports=(
@@ -363,7 +364,7 @@ def _stop_nodes(settings: LocalStackSettings, progress: Progress) -> list[str]:
 
 def _bus_as_scaler(settings: LocalStackSettings) -> BusSettings:
     """The bus as the stack's scaler reaches it: its user on a secure stack."""
-    env = write_nats_config(settings.nats_auth_dir).env("scaler") if settings.is_secure else {}
+    env = nats_auth(settings).env("scaler") if settings.is_secure else {}
     fields = {key.removeprefix("SPOTRAIN_").lower(): value for key, value in env.items()}
     # As the services read it: their environment (this one's), then their own variables.
     return BusSettings(**fields, nats_url=settings.nats_url, connect_timeout_s=5)  # type: ignore[arg-type]
@@ -388,6 +389,25 @@ def status(settings: LocalStackSettings) -> list[ComponentStatus]:
             )
         )
     return result
+
+
+NATS_SERVER_NAME = "spotrain-local"
+
+
+def nats_auth(settings: LocalStackSettings) -> NatsConfig:
+    """The secure stack's NATS configuration, written again from the table and the people
+    of its folder (their passwords kept)."""
+    return write_nats_config(settings.nats_auth_dir, server_name=NATS_SERVER_NAME)
+
+
+def reload_nats(settings: LocalStackSettings) -> bool:
+    """Have the stack's NATS server read its configuration again (new users, their
+    permissions), as `nats-server --signal reload` does; False if it is not running."""
+    record = ProcessRecord.load(_pid_file(settings, "nats"))
+    if record is None or not is_running(record):
+        return False
+    os.kill(record.pid, signal.SIGHUP)
+    return True
 
 
 def _pid_file(settings: LocalStackSettings, name: str) -> Path:

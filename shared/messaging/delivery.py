@@ -66,6 +66,9 @@ class DeadLetterReason(StrEnum):
     """Why a valid event was dead-lettered; an invalid one carries its `InvalidReason`."""
 
     WRONG_SUBJECT = "wrong-subject"
+    NOT_THE_SENDER = "not-the-sender"
+    """A request whose payload names another sender than its subject: its owner (or
+    canceller) is the one whose credential published it, so the claim is refused."""
     NO_HANDLER = "no-handler"
     UNHANDLEABLE = "unhandleable"
     DELIVERY_LIMIT = "delivery-limit"
@@ -104,8 +107,15 @@ class Subscription:
 
     def filter_subjects(self, prefix: str) -> list[str]:
         """What its consumer takes: each routed event's subject, and the same event's replay
-        subject for this service alone (`spotrain events replay --to <service>`)."""
-        return subjects_for(self.routes, prefix) + replay_subjects_for(
+        subject for this service alone (`spotrain events replay --to <service>`). For a
+        request, also the subject without a sender, where nothing may be: what comes there
+        is dead-lettered with the reason rather than left unread in the stream."""
+        unsent = [
+            spec_for(model).subject(prefix).removesuffix(".>")
+            for model in self.routes
+            if spec_for(model).sender_field is not None
+        ]
+        return sorted({*subjects_for(self.routes, prefix), *unsent}) + replay_subjects_for(
             self.service, self.routes, prefix
         )
 
@@ -199,13 +209,11 @@ async def _settle(
         return DeadLetter(error.reason, error.detail), _UNDECODED
 
     model = type(event.data)
-    expected_subject = spec_for(model).subject(prefix)
     # A replay copy is the stored event re-delivered to this service alone: its envelope's
     # type names the handler, as on the original subject.
     replayed = delivery.subject == replay_subject(subscription.service, model, prefix)
-    if delivery.subject != expected_subject and not replayed:
-        detail = f"{event.type} belongs on {expected_subject}, not {delivery.subject}"
-        return DeadLetter(DeadLetterReason.WRONG_SUBJECT, detail), event.type
+    if not replayed and (letter := _misplaced(event, delivery.subject, prefix)) is not None:
+        return letter, event.type
     handler = subscription.routes.get(model)
     if handler is None:
         detail = f"{subscription.service} has no handler for {event.type}"
@@ -256,3 +264,25 @@ def _events_handled(service: str, event_type: str, outcome: str) -> Counter:
 @functools.cache
 def _handler_seconds(service: str, event_type: str) -> Histogram:
     return HANDLER_SECONDS.labels(service, event_type)
+
+
+def _misplaced(event: Event[Any], subject: str, prefix: str) -> DeadLetter | None:
+    """Why an event may not be taken from the subject it came on, if it may not."""
+    spec = spec_for(type(event.data))
+    if spec.sender_field is None:
+        if subject == spec.subject(prefix):
+            return None
+        detail = f"{event.type} belongs on {spec.subject(prefix)}, not {subject}"
+        return DeadLetter(DeadLetterReason.WRONG_SUBJECT, detail)
+    claimed = getattr(event.data, spec.sender_field)
+    sender = spec.sender_on(subject, prefix)
+    if sender is None:
+        detail = f"{event.type} belongs on {spec.subject_of(event.data, prefix)}, not {subject}"
+        return DeadLetter(DeadLetterReason.WRONG_SUBJECT, detail)
+    if sender != claimed:
+        detail = (
+            f"{event.type} sent as {sender} names {claimed} as its {spec.sender_field}: "
+            f"a request is its sender's own"
+        )
+        return DeadLetter(DeadLetterReason.NOT_THE_SENDER, detail)
+    return None

@@ -31,7 +31,7 @@ from nats.js.api import (
     StreamConfig,
 )
 
-from shared.events import Event, all_subjects, dlq_subject, encode, spec_for
+from shared.events import Event, all_subjects, dlq_subject, encode, subject_of
 from shared.messaging.dead_letters import MSG_ID, dead_letter_headers
 from shared.messaging.delivery import (
     Ack,
@@ -361,14 +361,14 @@ class JetStreamBus:
                 await self._nc.close()
 
     async def publish(self, event: Event[Any]) -> PublishAck:
-        subject = spec_for(type(event.data)).subject(self.prefix)
+        subject = subject_of(event.data, self.prefix)
         return await self.publish_raw(subject, encode(event), {MSG_ID: event.id})
 
     async def publish_many(self, events: Sequence[Event[Any]]) -> list[PublishAck]:
         """Publish a batch without waiting for each ack in turn: for imports and replays."""
         futures = []
         for event in events:
-            subject = spec_for(type(event.data)).subject(self.prefix)
+            subject = subject_of(event.data, self.prefix)
             futures.append(
                 await self._js.publish_async(subject, encode(event), headers={MSG_ID: event.id})
             )

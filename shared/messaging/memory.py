@@ -13,7 +13,14 @@ from typing import Any
 
 import structlog
 
-from shared.events import DEFAULT_PREFIX, Event, dlq_subject, encode, spec_for
+from shared.events import (
+    DEFAULT_PREFIX,
+    Event,
+    dlq_subject,
+    encode,
+    subject_matches,
+    subject_of,
+)
 from shared.messaging.dead_letters import MSG_ID, dead_letter_headers
 from shared.messaging.delivery import (
     Ack,
@@ -27,17 +34,6 @@ from shared.messaging.delivery import (
 from shared.messaging.ports import PublishAck, StoredMessage
 
 log = structlog.get_logger()
-
-
-def subject_matches(pattern: str, subject: str) -> bool:
-    """NATS wildcard matching: `*` is one token, a trailing `>` is one or more."""
-    want, have = pattern.split("."), subject.split(".")
-    for i, part in enumerate(want):
-        if part == ">":
-            return len(have) > i
-        if i >= len(have) or part not in ("*", have[i]):
-            return False
-    return len(want) == len(have)
 
 
 @dataclass
@@ -63,7 +59,7 @@ class InMemoryBus:
         return self._prefix
 
     async def publish(self, event: Event[Any]) -> PublishAck:
-        subject = spec_for(type(event.data)).subject(self._prefix)
+        subject = subject_of(event.data, self._prefix)
         return await self.publish_raw(subject, encode(event), {MSG_ID: event.id})
 
     async def publish_many(self, events: Sequence[Event[Any]]) -> list[PublishAck]:

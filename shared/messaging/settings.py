@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Self
 
 from pydantic import Field, SecretStr, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import (
+    BaseSettings,
+    DotEnvSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
 
 from shared.events import DEFAULT_PREFIX
 
@@ -64,3 +70,37 @@ class BusSettings(BaseSettings):
     @property
     def stream(self) -> str:
         return self.stream_name or default_stream_name(self.subject_prefix)
+
+
+CREDENTIALS_VARIABLE = "SPOTRAIN_CREDENTIALS"
+DEFAULT_CREDENTIALS = Path("~/.spotrain/credentials")
+
+
+def credentials_file() -> Path | None:
+    """A person's credentials file (`spotrain users add --out`): the one
+    `SPOTRAIN_CREDENTIALS` names, else `~/.spotrain/credentials` if there is one."""
+    named = os.environ.get(CREDENTIALS_VARIABLE)
+    if named:
+        return Path(named).expanduser()
+    default = DEFAULT_CREDENTIALS.expanduser()
+    return default if default.is_file() else None
+
+
+class ClientBusSettings(BusSettings):
+    """A person's connection (the CLI, a notebook, the SDK): their credentials file, with
+    whatever the environment sets on top. Services never read it: theirs is their own."""
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        path = credentials_file()
+        if path is None:
+            return (init_settings, env_settings, file_secret_settings)
+        from_file = DotEnvSettingsSource(settings_cls, env_file=path, env_prefix="SPOTRAIN_")
+        return (init_settings, env_settings, from_file, file_secret_settings)

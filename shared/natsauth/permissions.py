@@ -7,12 +7,13 @@ I/O, no randomness.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
 
-from shared.events import all_subjects, dlq_subject, subject_for
+from shared.events import all_subjects, dlq_subject, subject_for, subject_matches
 from shared.events.data import (
     EventData,
     JobAccepted,
@@ -76,6 +77,12 @@ def inbox_prefix(role: Role) -> str:
     return f"_INBOX_{role.value}"
 
 
+def person_inbox_prefix(name: str) -> str:
+    """A person's replies arrive under a prefix of their own. From a digest of the name: a
+    name may hold dots, and `_INBOX_jane.>` would cover `jane.doe`'s replies too."""
+    return f"_INBOX_u{hashlib.sha256(name.encode()).hexdigest()[:20]}"
+
+
 @dataclass(frozen=True)
 class BusNames:
     """The names the subjects are built from: the prefix, the stream, the buckets."""
@@ -126,6 +133,24 @@ class Publishes:
     def rules(self, names: BusNames, durables: Sequence[str]) -> list[Rule]:
         return [
             Rule(subject_for(model, names.prefix), f"publishes {model.event_type()}")
+            for model in self.events
+        ]
+
+
+@dataclass(frozen=True)
+class PublishesAs:
+    """Publishes these requests on one sender's own subject only (`<prefix>.job.requested.
+    <sender>`): what proves that a request is that person's (shared/events/catalog.py)."""
+
+    events: tuple[type[EventData], ...]
+    sender: str
+
+    def rules(self, names: BusNames, durables: Sequence[str]) -> list[Rule]:
+        return [
+            Rule(
+                subject_for(model, names.prefix).removesuffix(">") + self.sender,
+                f"publishes {model.event_type()} as {self.sender} only",
+            )
             for model in self.events
         ]
 
@@ -443,18 +468,6 @@ class UserPermissions:
         return _allowed(subject, self.subscribe_allow, self.subscribe_deny)
 
 
-def subject_matches(pattern: str, subject: str) -> bool:
-    """NATS matching: `*` is one token, a final `>` one or more."""
-    words = subject.split(".")
-    wildcards = pattern.split(".")
-    for i, word in enumerate(wildcards):
-        if word == ">":
-            return len(words) > i
-        if i >= len(words) or word not in ("*", words[i]):
-            return False
-    return len(wildcards) == len(words)
-
-
 def _allowed(subject: str, allow: Iterable[str], deny: Iterable[str]) -> bool:
     return any(subject_matches(p, subject) for p in allow) and not any(
         subject_matches(p, subject) for p in deny
@@ -481,6 +494,32 @@ def permissions(names: BusNames, table: Sequence[RoleSpec] = TABLE) -> dict[Role
             subscribe_deny=_collect(rules, subscribe=True, deny=True),
         )
     return result
+
+
+def person_permissions(
+    name: str, names: BusNames, table: Sequence[RoleSpec] = TABLE
+) -> UserPermissions:
+    """A person's own credential (`spotrain users add`): what the `cli` role may, except
+    that their requests go on their own name only, so whatever they submit or cancel is
+    theirs, and their replies come to an inbox of their own. Pure."""
+    cli = next(spec for spec in table if spec.role is Role.CLI)
+    grants = [
+        PublishesAs(grant.events, name) if isinstance(grant, Publishes) else grant
+        for grant in cli.grants
+    ]
+    durables = [d for spec in table for d in spec.durables]
+    rules = [rule for grant in grants for rule in grant.rules(names, durables)]
+    rules.append(
+        Rule(f"{person_inbox_prefix(name)}.>", "replies to their own requests", subscribe=True)
+    )
+    return UserPermissions(
+        role=Role.CLI,
+        summary="a person: submits, cancels and reads as themselves",
+        publish_allow=_collect(rules, subscribe=False, deny=False),
+        publish_deny=_collect(rules, subscribe=False, deny=True),
+        subscribe_allow=_collect(rules, subscribe=True, deny=False),
+        subscribe_deny=_collect(rules, subscribe=True, deny=True),
+    )
 
 
 def _collect(rules: Iterable[Rule], *, subscribe: bool, deny: bool) -> dict[str, tuple[str, ...]]:

@@ -7,7 +7,7 @@ import asyncio
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from shared.events import spec_for
+from shared.events import subject_of
 from shared.messaging import EventBus, PublishAck
 from shared.messaging.dead_letters import MSG_ID
 from shared.replay.jsonl import ParsedLine
@@ -30,7 +30,7 @@ async def import_lines(bus: EventBus, lines: Sequence[ParsedLine]) -> ImportRepo
     acks = await _publish_all(
         bus,
         [
-            (spec_for(type(line.event.data)).subject(bus.prefix), line.raw, {MSG_ID: line.event.id})
+            (subject_of(line.event.data, bus.prefix), line.raw, {MSG_ID: line.event.id})
             for line in lines
         ],
     )

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from shared.events import Event, dlq_subject, subject_for
+from shared.events import Event, decode, dlq_subject, subject_for, subject_of
 from shared.events.data import JobAccepted, JobRequested
 from shared.messaging import (
     EventBus,
@@ -157,7 +157,7 @@ async def test_an_unhandleable_event_is_dead_lettered_at_once(bus: EventBus) -> 
 async def test_an_event_on_the_wrong_subject_is_dead_lettered(bus: EventBus) -> None:
     handler = Recorder()
     accepted_subject = subject_for(JobAccepted, bus.prefix)
-    requested_subject = subject_for(JobRequested, bus.prefix)
+    requested_subject = subject_of(decode(VALID).data, bus.prefix)
     # A job.requested envelope sent where job.accepted belongs, seen by a consumer of both.
     await bus.publish_raw(accepted_subject, VALID)
     sub = Subscription(
@@ -169,6 +169,41 @@ async def test_an_event_on_the_wrong_subject_is_dead_lettered(bus: EventBus) -> 
     [letter] = await dead_letters(bus)
     assert letter.headers[REASON] == "wrong-subject"
     assert requested_subject in letter.headers["Spotrain-Dlq-Detail"]
+
+
+@pytest.mark.parametrize(
+    ("sender", "reason"),
+    [
+        pytest.param("alice", None, id="on-its-senders-own-subject"),
+        pytest.param("mallory", "not-the-sender", id="sent-by-another"),
+        pytest.param(None, "wrong-subject", id="on-no-senders-subject"),
+    ],
+)
+async def test_a_request_is_taken_only_from_its_senders_own_subject(
+    bus: EventBus, sender: str | None, reason: str | None
+) -> None:
+    """The owner a request names must be the one its subject names: a credential may
+    publish only on its own name, so the subject is the proof of who sent it."""
+    request = decode(VALID)
+    assert isinstance(request.data, JobRequested)
+    assert request.data.owner == "alice"
+    base = f"{bus.prefix}.job.requested"
+    await bus.publish_raw(base if sender is None else f"{base}.{sender}", VALID)
+    handler = Recorder()
+    sub = Subscription(service="svc", routes={JobRequested: handler}, redelivery=FAST_RETRIES)
+    async with consuming(bus, sub):
+        if reason is None:
+            await eventually(lambda: len(handler.seen) == 1)
+        else:
+            await eventually(lambda: _count(dead_letters(bus), 1))
+    if reason is None:
+        assert await dead_letters(bus) == []
+        return
+    assert handler.seen == []
+    [letter] = await dead_letters(bus)
+    assert letter.headers[REASON] == reason
+    if sender is not None:
+        assert "sent as mallory names alice as its owner" in letter.headers["Spotrain-Dlq-Detail"]
 
 
 async def test_handlers_run_concurrently_up_to_the_limit(bus: EventBus) -> None:

@@ -66,7 +66,7 @@ PUBLISHER = textwrap.dedent(
         body = json.dumps(event).encode()
         for _ in range(2):  # a retry after a lost ack: the same bytes, the same id
             ack = await js.publish(
-                "spotrain.job.requested", body, headers={"Nats-Msg-Id": event["id"]}
+                "spotrain.job.requested.alice", body, headers={"Nats-Msg-Id": event["id"]}
             )
             print(json.dumps({"seq": ack.seq, "duplicate": bool(ack.duplicate)}))
         await nc.close()
@@ -107,7 +107,8 @@ def test_the_documented_request_is_valid_against_its_published_json_schema() -> 
     request = json.loads(fenced(text, "json")[0])
     jsonschema.Draft202012Validator(json.loads(SCHEMA.read_text())).validate(request)
     nats_pub = next(line for line in fenced(text, "sh")[0].splitlines() if " pub " in line)
-    assert f"-H Nats-Msg-Id:{request['id']} spotrain.job.requested " in nats_pub
+    owner = request["data"]["owner"]
+    assert f"-H Nats-Msg-Id:{request['id']} spotrain.job.requested.{owner} " in nats_pub
     assert f"{request['data']['job_id']}.json" in nats_pub
 
 

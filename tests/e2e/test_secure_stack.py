@@ -56,3 +56,36 @@ def test_a_job_runs_on_a_secure_stack_and_an_anonymous_client_is_refused(
     listed = spotrain({**cli, "COLUMNS": "200"}, "ls")
     assert listed.returncode == 0, listed.stderr
     assert "secure-1" in listed.stdout
+
+    # People with credentials of their own: what alice submits is hers, proven by the
+    # server, and bob cannot cancel it.
+    keys = {}
+    for name, team in (("alice", "vision"), ("bob", "nlp")):
+        keys[name] = tmp_path / f"{name}.env"
+        added = spotrain(
+            secure_stack, "users", "add", name, "--team", team, "--out", str(keys[name])
+        )
+        assert added.returncode == 0, added.stderr + added.stdout
+        assert f"export SPOTRAIN_CREDENTIALS={keys[name]}" in added.stdout
+        assert keys[name].stat().st_mode & 0o077 == 0
+    alice = {**secure_stack, "SPOTRAIN_CREDENTIALS": str(keys["alice"])}
+    bob = {**secure_stack, "SPOTRAIN_CREDENTIALS": str(keys["bob"])}
+    submitted = spotrain(
+        alice, "submit", "hello.py", "--workdir", str(project), "--job-id", "alice-1", "--wait",
+        timeout_s=180,
+    )  # fmt: skip
+    assert submitted.returncode == 0, submitted.stderr + submitted.stdout
+    shown = spotrain({**bob, "COLUMNS": "200"}, "show", "alice-1")
+    assert shown.returncode == 0, shown.stderr
+    assert '"owner": "alice"' in shown.stdout
+    refused = spotrain(bob, "cancel", "alice-1")
+    assert refused.returncode == 1
+    assert refused.stderr.strip() == (
+        "spotrain: error: alice-1 is alice's: only its owner may cancel it"
+    )
+    taken = spotrain(
+        secure_stack, "users", "add", "cli", "--team", "x", "--out", str(tmp_path / "x")
+    )
+    assert taken.returncode == 2
+    assert len(taken.stderr.strip().splitlines()) == 1, taken.stderr
+    assert "a service's or a client role's name" in taken.stderr

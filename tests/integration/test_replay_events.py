@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from shared.events import Event, encode, new_event, subject_for
+from shared.events import Event, encode, new_event, subject_of
 from shared.events.data import JobQueued, JobRequested, JobStarted, NodeLost, NoticeSource
 from shared.events.types import Bundle, CapacityClass
 from shared.messaging import BusSettings, Subscription
@@ -155,7 +155,7 @@ async def test_an_import_stores_each_event_once_and_rejects_bad_lines_by_number(
 
     stored = await jetstream_bus.read(f"{jetstream_bus.prefix}.>")
     assert [(m.subject, m.data) for m in stored] == [
-        (subject_for(type(e.data), jetstream_bus.prefix), encode(e)) for e in events
+        (subject_of(e.data, jetstream_bus.prefix), encode(e)) for e in events
     ]
 
 

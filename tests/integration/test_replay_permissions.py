@@ -78,6 +78,7 @@ async def test_ops_replays_a_window_to_the_submitter_and_the_cli_may_not(
             plan = plan_replay(records, service="submitter", run="r1", prefix=PREFIX)
             assert await ops.consumer_filter("submitter") == (
                 f"{PREFIX}.job.requested",
+                f"{PREFIX}.job.requested.>",
                 f"{PREFIX}.replay.submitter.job.requested",
             )
             assert await publish_copies(ops, plan) == 1

@@ -153,6 +153,5 @@ async def test_a_job_over_the_budget_is_held_with_the_reason(
     assert shown.returncode == 0, shown.stderr
     assert "gpu-spot" in shown.stdout
     assert "1 job(s) held" in shown.stdout
-    await bus.publish(
-        new_event(JobCancelRequested(job_id="job-too-dear", requested_by="t"), source="t", time=NOW)
-    )
+    cancel = JobCancelRequested(job_id="job-too-dear", requested_by="alice")
+    await bus.publish(new_event(cancel, source="t", time=NOW))

@@ -24,7 +24,11 @@ def test_the_asyncapi_document_has_a_channel_and_message_per_event_type() -> Non
     document = json.loads(render_documents()["asyncapi.json"])
     assert document["asyncapi"] == "3.0.0"
     addresses = {channel["address"] for channel in document["channels"].values()}
-    assert addresses == {spec.subject() for spec in CATALOG.values()}
+    # A request's channel ends in its sender: a parameter, where its filter has `>`.
+    assert addresses == {spec.subject().replace(".>", ".{sender}") for spec in CATALOG.values()}
+    requested = document["channels"]["job.requested"]
+    assert requested["address"] == "spotrain.job.requested.{sender}"
+    assert "sender" in requested["parameters"]
     assert {m["name"] for m in document["components"]["messages"].values()} == set(CATALOG)
     for message in document["components"]["messages"].values():
         ref = message["payload"]["$ref"].rsplit("/", 1)[1]

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from shared.events import CATALOG, DEFAULT_PREFIX
+from shared.events import CATALOG, DEFAULT_PREFIX, subject_matches
 from shared.events.data import JobCancelRequested, JobRequested
 from shared.localstack.stack import nats_server_binary
 from shared.messaging import BusSettings
@@ -26,11 +26,13 @@ from shared.natsauth import (
     replay_subjects,
     write_nats_config,
 )
+from shared.natsauth.files import add_person, read_people
 from shared.natsauth.permissions import (
     CLIENT_REQUESTS,
     NOT_YET_PUBLISHED,
     Operates,
-    subject_matches,
+    person_inbox_prefix,
+    person_permissions,
 )
 
 NAMES = BusNames(prefix="spotrain", stream="SPOTRAIN")
@@ -77,8 +79,8 @@ def test_subjects_match_as_nats_matches_them(pattern: str, subject: str, matches
 @pytest.mark.parametrize(
     ("role", "subject", "allowed"),
     [
-        pytest.param(Role.CLI, "spotrain.job.requested", True, id="cli-requests-a-job"),
-        pytest.param(Role.CLI, "spotrain.job.cancel_requested", True, id="cli-cancels"),
+        pytest.param(Role.CLI, "spotrain.job.requested.alice", True, id="cli-requests-a-job"),
+        pytest.param(Role.CLI, "spotrain.job.cancel_requested.alice", True, id="cli-cancels"),
         pytest.param(Role.CLI, "spotrain.job.accepted", False, id="cli-cannot-accept"),
         pytest.param(Role.CLI, "spotrain.pool.resized", False, id="cli-cannot-resize"),
         pytest.param(Role.CLI, "spotrain.replay.submitter", False, id="cli-cannot-replay"),
@@ -110,7 +112,7 @@ def test_subjects_match_as_nats_matches_them(pattern: str, subject: str, matches
             id="cli-cannot-take-the-submitters-messages",
         ),
         pytest.param(Role.CLI, f"{API}.CONSUMER.MSG.NEXT.SPOTRAIN.read-1", True, id="cli-pulls"),
-        pytest.param(Role.SLACK, "spotrain.job.requested", True, id="slack-requests-a-job"),
+        pytest.param(Role.SLACK, "spotrain.job.requested.bob", True, id="slack-requests-a-job"),
         pytest.param(Role.SLACK, "spotrain.replay.scaler", False, id="slack-cannot-replay"),
         pytest.param(Role.SLACK, "spotrain.dlq.slack", True, id="slack-dead-letters"),
         pytest.param(Role.SLACK, f"{API}.CONSUMER.MSG.NEXT.SPOTRAIN.slack", True, id="slack-pulls"),
@@ -123,7 +125,9 @@ def test_subjects_match_as_nats_matches_them(pattern: str, subject: str, matches
         pytest.param(Role.SCALER, f"{API}.STREAM.DELETE.SPOTRAIN", False, id="scaler-no-delete"),
         pytest.param(Role.SCALER, "spotrain.dlq.submitter", False, id="scaler-own-dlq-only"),
         pytest.param(Role.SUBMITTER, "spotrain.job.accepted", True, id="submitter-accepts"),
-        pytest.param(Role.SUBMITTER, "spotrain.job.requested", False, id="submitter-no-request"),
+        pytest.param(
+            Role.SUBMITTER, "spotrain.job.requested.alice", False, id="submitter-no-request"
+        ),
         pytest.param(Role.SUBMITTER, "$KV.spotrain-jobs.job-1", True, id="submitter-writes-jobs"),
         pytest.param(Role.SUBMITTER, "$KV.spotrain-pools.x", False, id="submitter-no-pools"),
         pytest.param(Role.CHECKPOINTER, "spotrain.job.resumed", True, id="checkpointer-resumes"),
@@ -231,7 +235,7 @@ def test_the_table_has_one_row_per_role_and_one_operator() -> None:
 
 def test_subjects_follow_the_prefix_and_stream() -> None:
     users = permissions(BusNames(prefix="acme", stream="ACME_EVENTS"))
-    assert users[Role.CLI].may_publish("acme.job.requested")
+    assert users[Role.CLI].may_publish("acme.job.requested.alice")
     assert not users[Role.CLI].may_publish("spotrain.job.requested")
     assert users[Role.SCALER].may_publish("$JS.API.STREAM.INFO.ACME_EVENTS")
     assert users[Role.SCALER].may_publish("$KV.acme-pools.status")
@@ -350,3 +354,75 @@ def test_without_tls_there_is_no_tls_block(tmp_path: Path) -> None:
 def test_half_an_identity_is_a_settings_error(fields: dict[str, str]) -> None:
     with pytest.raises(ValidationError):
         BusSettings.model_validate(fields)
+
+
+ALICE = person_permissions("alice", NAMES)
+
+
+@pytest.mark.parametrize(
+    ("subject", "allowed"),
+    [
+        pytest.param("spotrain.job.requested.alice", True, id="requests-as-herself"),
+        pytest.param("spotrain.job.cancel_requested.alice", True, id="cancels-as-herself"),
+        pytest.param("spotrain.job.requested.bob", False, id="not-as-bob"),
+        pytest.param("spotrain.job.requested.alice.doe", False, id="not-as-alice-doe"),
+        pytest.param("spotrain.job.requested", False, id="not-as-nobody"),
+        pytest.param("spotrain.job.cancel_requested.bob", False, id="cancels-not-as-bob"),
+        pytest.param("$O.spotrain-workspaces.C.x1", True, id="uploads-like-the-cli"),
+        pytest.param("spotrain.job.accepted", False, id="decides-nothing"),
+    ],
+)
+def test_a_person_publishes_requests_on_their_own_name_only(subject: str, allowed: bool) -> None:
+    assert ALICE.may_publish(subject) is allowed
+
+
+def test_a_person_reads_what_the_cli_reads_and_hears_replies_in_their_own_inbox() -> None:
+    cli = USERS[Role.CLI]
+    assert set(ALICE.subscribe_allow) - set(cli.subscribe_allow) == {
+        f"{person_inbox_prefix('alice')}.>"
+    }
+    assert not ALICE.may_subscribe(f"{person_inbox_prefix('jane.doe')}.x")
+    assert not ALICE.may_subscribe("_INBOX_cli.x")
+    # A name with a dot gets an inbox that no shorter name's covers.
+    assert not person_permissions("jane", NAMES).may_subscribe(
+        f"{person_inbox_prefix('jane.doe')}.x"
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "says"),
+    [
+        pytest.param("cli", "a service's or a client role's name", id="a-role"),
+        pytest.param("al ice", "'al ice' is not a name", id="a-space"),
+        pytest.param("-alice", "'-alice' is not a name", id="a-leading-dash"),
+        pytest.param("alice", "team 'no team' is not a name", id="a-bad-team"),
+    ],
+)
+def test_a_person_needs_a_name_of_their_own(tmp_path: Path, name: str, says: str) -> None:
+    team = "no team" if "team" in says else "vision"
+    with pytest.raises(ValueError, match=says):
+        add_person(tmp_path, name, team=team)
+    assert read_people(tmp_path) == {}
+
+
+def test_the_server_accepts_a_configuration_with_people(tmp_path: Path) -> None:
+    """Roles and people in one configuration; adding again replaces the password."""
+    first = add_person(tmp_path / "nats", "jane.doe@acme.com", team="vision", admin=True)
+    again = add_person(tmp_path / "nats", "jane.doe@acme.com", team="vision", admin=True)
+    assert first.password != again.password
+    add_person(tmp_path / "nats", "bob", team="nlp")
+    written = write_nats_config(tmp_path / "nats")
+    text = written.server_config.read_text()
+    assert 'user: "jane.doe@acme.com"' in text
+    assert '"spotrain.job.requested.jane.doe@acme.com"' in text
+    assert again.password in (tmp_path / "nats" / "credentials.conf").read_text()
+    assert first.password not in (tmp_path / "nats" / "credentials.conf").read_text()
+    assert stat.S_IMODE((tmp_path / "nats" / "people.json").stat().st_mode) == 0o600
+    result = subprocess.run(
+        [nats_server_binary(), "-t", "--jetstream", *written.server_argv],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr

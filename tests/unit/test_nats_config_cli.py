@@ -31,7 +31,7 @@ def test_it_writes_the_configuration_and_a_file_per_role(tmp_path: Path) -> None
     assert (out / "nats-server.conf").is_file()
     assert set(read_passwords(out / "credentials.conf")) == set(Role)
     assert sorted(p.name for p in out.glob("*.env")) == sorted(f"{r.value}.env" for r in Role)
-    assert '"acme.job.requested"' in (out / "nats-server.conf").read_text()
+    assert '"acme.job.requested.>"' in (out / "nats-server.conf").read_text()
     assert "nats-server --jetstream --config" in result.output
 
 

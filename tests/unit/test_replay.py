@@ -8,14 +8,13 @@ from typing import Any
 
 import pytest
 
-from shared.events import encode, subject_for
+from shared.events import encode, subject_for, subject_matches
 from shared.events.catalog import replay_subject
 from shared.events.data import JobCancelRequested, JobQueued, JobRequested, JobStarted, NodeLost
 from shared.messaging import DeadLetterReason, Subscription
 from shared.messaging.dead_letters import MSG_ID, ORIGINAL_SEQ, ORIGINAL_SUBJECT
 from shared.messaging.delivery import Ack, DeadLetter, Delivery, settle
 from shared.messaging.jetstream import StreamRecord
-from shared.messaging.memory import subject_matches
 from shared.natsauth import replay_subjects
 from shared.replay import (
     REPLAY_RUN,
@@ -157,6 +156,7 @@ def test_a_consumer_takes_its_events_and_their_replays_to_itself_only() -> None:
     subscription = Subscription(service="submitter", routes={JobRequested: _nothing})
     assert subscription.filter_subjects("spotrain") == [
         "spotrain.job.requested",
+        "spotrain.job.requested.>",
         "spotrain.replay.submitter.job.requested",
     ]
 

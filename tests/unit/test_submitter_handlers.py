@@ -193,6 +193,21 @@ async def test_cancel_stops_the_running_attempt_and_ends_the_job(deps: Deps) -> 
     assert deps.store.state_of("job-c") == "cancelled"
 
 
+async def test_a_job_is_its_owners_to_cancel(deps: Deps) -> None:
+    """Bob's request to cancel alice's job is refused, and the job runs on untouched."""
+    await on_job_requested(job_requested("job-a"), deps)
+    ray(deps).set("job-a-1", RayJobState.RUNNING)
+    await track_attempts(deps)
+    cancel = new_event(JobCancelRequested(job_id="job-a", requested_by="bob"), source="t", time=NOW)
+    with pytest.raises(Unhandleable, match="bob may not cancel job-a: it is alice's"):
+        await on_job_cancel_requested(cancel, deps)
+    assert ray(deps).stopped == []
+    assert isinstance(deps.store, InMemoryJobStore)
+    found = await deps.store.get("job-a")
+    assert found is not None
+    assert not found[0].cancel_requested
+
+
 async def test_cancelling_an_unknown_job_is_unhandleable(deps: Deps) -> None:
     cancel = new_event(
         JobCancelRequested(job_id="nope", requested_by="alice"), source="t", time=NOW

@@ -11,7 +11,7 @@ from typing import Any
 import structlog
 
 from shared.cost import COST_EVENTS
-from shared.events import Event, decode, subjects_for
+from shared.events import Event, aggregate_subject, decode, subject_for, subject_matches
 from shared.messaging.jetstream import JetStreamBus
 
 log = structlog.get_logger()
@@ -28,8 +28,10 @@ class JetStreamCostFeed:
         self._bus = bus
 
     async def follow(self, stop: asyncio.Event, add: Callable[[Event[Any]], None]) -> None:
-        wanted = frozenset(subjects_for(COST_EVENTS, self._bus.prefix))
-        aggregates = sorted({subject.rsplit(".", 1)[0] + ".>" for subject in wanted})
+        prefix = self._bus.prefix
+        # A request's subject ends in its sender's name: matched as a pattern, not by name.
+        wanted = frozenset(subject_for(model, prefix) for model in COST_EVENTS)
+        aggregates = sorted({aggregate_subject(model, prefix) for model in COST_EVENTS})
         async with asyncio.TaskGroup() as group:
             for aggregate in aggregates:
                 group.create_task(self._follow(aggregate, wanted, stop, add))
@@ -44,7 +46,7 @@ class JetStreamCostFeed:
         follow = self._bus.follow([aggregate], stop, since=_BEFORE_ANY_EVENT)
         async with contextlib.aclosing(follow) as records:
             async for record in records:
-                if record.subject not in wanted:
+                if not any(subject_matches(pattern, record.subject) for pattern in wanted):
                     continue
                 try:
                     add(decode(record.data))

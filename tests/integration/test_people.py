@@ -1,0 +1,178 @@
+"""People with credentials of their own (`spotrain users add`), against a real nats-server
+started with the generated configuration: a person's requests are theirs, proven by the
+subject the server lets them publish on, and nobody can send one as someone else."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from services.submitter.adapters.kv_job_store import KvJobStore
+from shared.client import SpotrainClient, current_user
+from shared.events import Event, EventData, dlq_subject, encode, new_event
+from shared.events.data import JobCancelRequested, JobRequested
+from shared.jobs import jobs_bucket
+from shared.localstack.nats_server import NatsServer
+from shared.messaging import BusSettings, Handler, Subscription
+from shared.messaging.jetstream import BusPermissionError, JetStreamBus
+from shared.messaging.settings import ClientBusSettings
+from shared.natsauth import Role, write_nats_config
+from shared.natsauth.files import add_person, person_env, write_env_file
+from tests.async_helpers import consuming, eventually
+from tests.events import NOW, job_requested
+
+pytestmark = pytest.mark.integration
+
+PREFIX = "spotrain"
+TIMEOUTS = {"connect_timeout_s": 10, "publish_timeout_s": 10, "ack_wait_s": 5}
+
+
+class People:
+    """A server that knows alice (vision) and bob (nlp), and buses that connect as them."""
+
+    def __init__(self, auth: Path, url: str, stack: AsyncExitStack) -> None:
+        self.auth = auth
+        self.url = url
+        self.stack = stack
+        self.envs: dict[str, dict[str, str]] = {}
+
+    def settings(self, name: str) -> BusSettings:
+        fields = {k.removeprefix("SPOTRAIN_").lower(): v for k, v in self.envs[name].items()}
+        return BusSettings.model_validate({**fields, "nats_url": self.url, **TIMEOUTS})
+
+    async def bus(self, name: str) -> JetStreamBus:
+        bus = await JetStreamBus.connect(self.settings(name), name=name)
+        self.stack.push_async_callback(bus.close)
+        return bus
+
+
+@pytest.fixture
+async def people(tmp_path: Path) -> AsyncIterator[People]:
+    auth = tmp_path / "auth"
+    write_nats_config(auth, prefix=PREFIX)
+    persons = {
+        "alice": add_person(auth, "alice", team="vision"),
+        "jane.doe": add_person(auth, "jane.doe", team="vision", admin=True),
+    }
+    config = write_nats_config(auth, prefix=PREFIX)
+    server = NatsServer(tmp_path / "store", config_file=config.server_config)
+    server.start()
+    try:
+        async with AsyncExitStack() as stack:
+            found = People(auth, server.url, stack)
+            found.envs = {name: person_env(name, p, prefix=PREFIX) for name, p in persons.items()}
+            found.envs["submitter"] = config.env(Role.SUBMITTER)
+            found.envs["ops"] = config.env(Role.OPS)
+            submitter = await found.bus("submitter")
+            await submitter.ensure_stream()
+            await KvJobStore.open(submitter.client.jetstream(), jobs_bucket(PREFIX))
+            yield found
+    finally:
+        server.stop()
+
+
+async def _taken(people: People, routes: dict[type[EventData], Handler]) -> Any:
+    submitter = await people.bus("submitter")
+    return consuming(submitter, Subscription(service="submitter", routes=routes))
+
+
+async def test_a_persons_request_is_on_their_own_subject_and_is_taken(people: People) -> None:
+    alice = await people.bus("alice")
+    await alice.publish(job_requested("job-a", owner="alice"))
+    seen: list[str] = []
+
+    async def on_requested(event: Event[Any]) -> None:
+        seen.append(f"{event.data.job_id} of {event.data.owner}")
+
+    async with await _taken(people, {JobRequested: on_requested}):
+        await eventually(lambda: seen == ["job-a of alice"], timeout_s=5)
+    [stored] = await alice.read(f"{PREFIX}.job.requested.>")
+    assert stored.subject == f"{PREFIX}.job.requested.alice"
+
+
+@pytest.mark.parametrize("victim", ["jane.doe", "bob"])
+async def test_the_server_refuses_a_request_sent_as_someone_else(
+    people: People, victim: str
+) -> None:
+    """Alice cannot submit as jane.doe (a name with a dot, a subject of more tokens), nor as
+    bob, who has no credential: the server refuses the subject at once."""
+    alice = await people.bus("alice")
+    with pytest.raises(BusPermissionError) as caught:
+        await asyncio.wait_for(alice.publish(job_requested("job-x", owner=victim)), timeout=5)
+    assert str(caught.value).startswith(
+        f"NATS user 'alice' may not publish to '{PREFIX}.job.requested.{victim}'"
+    )
+    cancel = new_event(
+        JobCancelRequested(job_id="job-x", requested_by=victim), source="t", time=NOW
+    )
+    with pytest.raises(BusPermissionError):
+        await asyncio.wait_for(alice.publish(cancel), timeout=5)
+    assert alice.is_connected
+
+
+async def test_a_claim_to_be_someone_else_on_ones_own_subject_is_dead_lettered(
+    people: People,
+) -> None:
+    """Alice's own subject, jane.doe's name in the payload: the submitter takes the sender
+    from the subject, so the request goes to the dead-letter subject with the reason."""
+    alice = await people.bus("alice")
+    forged = encode(job_requested("job-f", owner="jane.doe"))
+    await alice.publish_raw(f"{PREFIX}.job.requested.alice", forged)
+    seen: list[Any] = []
+
+    async def on_requested(event: Event[Any]) -> None:
+        seen.append(event)
+
+    ops = await people.bus("ops")
+    async with await _taken(people, {JobRequested: on_requested}):
+
+        async def dead_lettered() -> bool:
+            return len(await ops.read(dlq_subject("submitter", PREFIX))) == 1
+
+        await eventually(dead_lettered, timeout_s=5)
+    assert seen == []
+    [letter] = await ops.read(dlq_subject("submitter", PREFIX))
+    assert letter.headers["Spotrain-Dlq-Reason"] == "not-the-sender"
+    assert "sent as alice names jane.doe as its owner" in letter.headers["Spotrain-Dlq-Detail"]
+
+
+async def test_a_person_reads_no_one_elses_replies(people: People) -> None:
+    alice = await people.bus("alice")
+    jane = people.settings("jane.doe").nats_inbox_prefix
+    with pytest.raises(BusPermissionError):
+        await _listen(alice, f"{jane}.>")
+
+
+async def _listen(bus: JetStreamBus, subject: str) -> None:
+    async with bus.permission_checked(f"listen to {subject}"):
+        await bus.client.subscribe(subject)
+        await bus.client.flush()
+        # A loaded server may answer the flush before it reports the refusal.
+        await asyncio.sleep(0.5)
+
+
+async def test_the_client_acts_for_the_person_its_credentials_file_names(
+    people: People, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`SPOTRAIN_CREDENTIALS`: the CLI and the SDK connect as jane.doe and submit as her."""
+    credentials = tmp_path / "jane.env"
+    write_env_file(credentials, people.envs["jane.doe"])
+    assert credentials.stat().st_mode & 0o077 == 0, "never readable by others"
+    for name in [n for n in os.environ if n.startswith("SPOTRAIN_NATS_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("SPOTRAIN_CREDENTIALS", str(credentials))
+    monkeypatch.setenv("SPOTRAIN_NATS_URL", people.url)
+    assert ClientBusSettings().nats_user == "jane.doe"
+    assert current_user() == "jane.doe"
+    async with await SpotrainClient.connect() as client:
+        request = job_requested("job-j", owner=current_user()).data
+        await client.submit(request, answer_timeout_s=0.5)
+    ops = await people.bus("ops")
+    [stored] = await ops.read(f"{PREFIX}.job.requested.>")
+    assert stored.subject == f"{PREFIX}.job.requested.jane.doe"
