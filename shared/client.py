@@ -46,6 +46,8 @@ from shared.pools import (
     billed_up_to,
     pools_bucket,
 )
+from shared.teams import STATUS_KEY as TEAMS_STATUS_KEY
+from shared.teams import TeamsStatus, teams_bucket
 from shared.workspace import pack, upload
 
 TERMINAL_EVENTS = (JobSucceeded, JobFailed, JobCancelled, JobRejected)
@@ -301,10 +303,19 @@ class SpotrainClient:
         value = await self._pools_entry(KNOWLEDGE_KEY)
         return PoolsKnowledge.model_validate_json(value) if value else None
 
+    async def teams(self) -> TeamsStatus | None:
+        """The submitter's latest view of teams: quotas, holds, jobs waiting; None on a
+        platform without a teams file (or before the submitter's first pass)."""
+        value = await self._entry(teams_bucket(self.prefix), TEAMS_STATUS_KEY)
+        return TeamsStatus.model_validate_json(value) if value else None
+
     async def _pools_entry(self, key: str) -> bytes | None:
         """One key of the scaler's `pools` bucket; None while there is no such key."""
+        return await self._entry(pools_bucket(self.prefix), key)
+
+    async def _entry(self, bucket: str, key: str) -> bytes | None:
         try:
-            kv = await self._bus.client.jetstream().key_value(pools_bucket(self.prefix))
+            kv = await self._bus.client.jetstream().key_value(bucket)
             entry = await kv.get(key)
         except (nats.js.errors.BucketNotFoundError, nats.js.errors.NotFoundError):
             return None

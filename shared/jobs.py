@@ -92,6 +92,11 @@ class JobRecord(Frozen):
     cancel_requested: bool = False
     checkpoint_uri: str | None = None
     """Where the job checkpoints and reports progress (`<checkpoint root>/<job id>`)."""
+    team: str | None = None
+    """The owner's team when it was admitted, on a platform with a teams file."""
+    waiting_for: str | None = None
+    """Why a queued job has no attempt yet: its team's quota is taken. It gets its first
+    attempt once the quota frees; None once admitted."""
 
     @property
     def job_id(self) -> str:

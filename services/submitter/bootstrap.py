@@ -8,8 +8,16 @@ from services.submitter import metrics
 from services.submitter.adapters.kv_job_store import KvJobStore
 from services.submitter.adapters.progress import StorageProgressReader
 from services.submitter.adapters.ray_jobs import RayJobSubmission
+from services.submitter.adapters.team_holds import KvTeamHolds
+from services.submitter.adapters.teams_file import TeamsFile
 from services.submitter.adapters.workspaces import ObjectStoreWorkspaces
-from services.submitter.handlers import SERVICE, SUBSCRIPTIONS, Deps, track_attempts
+from services.submitter.handlers import (
+    SERVICE,
+    SUBSCRIPTIONS,
+    Deps,
+    admit_waiting,
+    track_attempts,
+)
 from services.submitter.policy import Quotas
 from services.submitter.settings import SubmitterSettings
 from shared.clock import SystemClock
@@ -17,6 +25,7 @@ from shared.jobs import jobs_bucket
 from shared.messaging import EventBus, Subscription, bind_routes
 from shared.messaging.jetstream import JetStreamBus
 from shared.runtime import ServiceDefinition, Ticker
+from shared.teams import teams_bucket
 
 
 async def bootstrap(bus: EventBus, stack: AsyncExitStack) -> ServiceDefinition:
@@ -26,6 +35,10 @@ async def bootstrap(bus: EventBus, stack: AsyncExitStack) -> ServiceDefinition:
         raise TypeError(msg)
     metrics.declare()
     js = bus.client.jetstream()
+    # A bad teams file stops the start here, with its one line; once running, a bad edit
+    # is refused and the last valid teams stay (TeamsFile).
+    teams = TeamsFile(settings.teams_file) if settings.teams_file is not None else None
+    holds = await KvTeamHolds.open(js, teams_bucket(bus.prefix)) if teams is not None else None
     deps = Deps(
         bus=bus,
         clock=SystemClock(),
@@ -38,10 +51,21 @@ async def bootstrap(bus: EventBus, stack: AsyncExitStack) -> ServiceDefinition:
             max_gpus_per_owner=settings.max_gpus_per_owner,
         ),
         checkpoint_root=settings.checkpoint_root,
+        teams=teams,
+        holds=holds,
     )
 
     async def track() -> None:
         await track_attempts(deps)
+
+    async def give_quota() -> None:
+        await admit_waiting(deps)
+
+    tickers = [Ticker(name="track-attempts", interval_s=settings.track_interval_s, tick=track)]
+    if teams is not None:
+        tickers.append(
+            Ticker(name="admit-waiting", interval_s=settings.track_interval_s, tick=give_quota)
+        )
 
     return ServiceDefinition(
         name=SERVICE,
@@ -52,5 +76,5 @@ async def bootstrap(bus: EventBus, stack: AsyncExitStack) -> ServiceDefinition:
                 max_concurrency=settings.max_concurrency,
             )
         ],
-        tickers=[Ticker(name="track-attempts", interval_s=settings.track_interval_s, tick=track)],
+        tickers=tickers,
     )

@@ -6,6 +6,8 @@ from the job and attempt, and Ray refuses a second job with the same submission 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import structlog
@@ -19,6 +21,8 @@ from services.submitter.ports import (
     RayJobs,
     Revision,
     StaleRevisionError,
+    TeamHoldStore,
+    TeamsSource,
     Workspaces,
 )
 from shared.checkpoints import StopAsk
@@ -52,8 +56,14 @@ class Deps:
     checkpoint_root: str
     """Each job checkpoints under `<checkpoint_root>/<job_id>`."""
     admission: asyncio.Lock = field(default_factory=asyncio.Lock)
-    """Admissions one at a time: two requests of one owner handled at once would each see
-    the other's GPUs as free. (One submitter replica; several would need a shared count.)"""
+    """Admissions one at a time in this replica: two requests of one owner handled at once
+    would each see the other's GPUs as free. Across replicas, team quotas hold by the
+    compare-and-set on the holds; the per-owner limit is a per-replica guard."""
+    teams: TeamsSource | None = None
+    """The teams file; None: no teams, per-owner limits only."""
+    holds: TeamHoldStore | None = None
+    hold_grace_s: float = 120.0
+    """A hold whose job record has not appeared after this long was left by a crash."""
 
 
 async def on_job_requested(event: Event[JobRequested], deps: Deps) -> None:
@@ -74,6 +84,14 @@ async def on_job_requested(event: Event[JobRequested], deps: Deps) -> None:
         )
         await _publish(deps, rejected, f"rejected-{record.job_id}")
         log.info("job.rejected", detail=record.detail)
+        return
+    if record.waiting_for is not None:
+        await _publish(
+            deps,
+            JobAccepted(job_id=record.job_id, owner=request.owner, experiment=request.experiment),
+            f"accepted-{record.job_id}",
+        )
+        log.info("job.waiting_for_quota", team=record.team, reason=record.waiting_for)
         return
     first = record.attempts[0]
     if record.current is not first or first.state is not AttemptState.SUBMITTED:
@@ -98,7 +116,8 @@ async def on_job_cancel_requested(event: Event[JobCancelRequested], deps: Deps) 
         msg = f"no job {event.data.job_id} to cancel"
         raise Unhandleable(msg)
     record, revision = found
-    refused = policy.who_may_not_cancel(record, event.data.requested_by)
+    teams = deps.teams.current() if deps.teams is not None else None
+    refused = policy.who_may_not_cancel(record, event.data.requested_by, teams)
     if refused is not None:
         raise Unhandleable(refused)
     transition = policy.cancel(record, deps.clock.now())
@@ -231,20 +250,27 @@ async def _admit(event: Event[JobRequested], deps: Deps) -> tuple[JobRecord, Rev
 
 async def _admit_alone(event: Event[JobRequested], deps: Deps) -> tuple[JobRecord, Revision]:
     request = event.data
+    records = {record.job_id: record for record, _ in await deps.store.all()}
     in_use = sum(
         record.gpus
-        for record, _ in await deps.store.all()
-        if record.is_active and record.request.owner == request.owner
+        for record in records.values()
+        if record.is_active and record.request.owner == request.owner and record.attempts
     )
     decision = policy.admit(
         request, owner_gpus_in_use=in_use, quotas=deps.quotas, now=deps.clock.now()
     )
+    team = None
+    if isinstance(decision, policy.Accept) and deps.teams is not None:
+        decision = await _admit_in_team(request, records, deps)
+        found_team = deps.teams.current().team_of(request.owner)
+        team = found_team.name if found_team is not None else None
     record = policy.new_record(
         request,
         event.id,
         decision,
         deps.clock.now(),
         checkpoint_uri=policy.checkpoint_uri(deps.checkpoint_root, request.job_id),
+        team=team,
     )
     revision = await deps.store.create(record)
     if revision is not None and record.state is JobState.REJECTED:
@@ -257,6 +283,103 @@ async def _admit_alone(event: Event[JobRequested], deps: Deps) -> tuple[JobRecor
             raise RuntimeError(msg)
         return found
     return record, revision
+
+
+_HOLD_TRIES = 32
+
+
+async def _admit_in_team(
+    request: JobRequested, records: Mapping[str, JobRecord], deps: Deps
+) -> policy.Admission:
+    """Decide under the teams file and write the job's hold by compare-and-set; another
+    replica's write in between means deciding again on what it wrote."""
+    if deps.teams is None or deps.holds is None:
+        msg = "team admission needs the teams file and the holds"
+        raise RuntimeError(msg)
+    teams = deps.teams.current()
+    for _ in range(_HOLD_TRIES):
+        holds, revision = await deps.holds.read()
+        now = deps.clock.now()
+        stale = policy.stale_holds(holds, records, now, grace_s=deps.hold_grace_s)
+        decision, after = policy.admit_in_team(request, teams, policy.released(holds, stale), now)
+        if after == holds:
+            return decision
+        try:
+            await deps.holds.write(after, revision)
+        except StaleRevisionError:
+            metrics.HOLD_CONFLICTS.inc()
+            continue
+        return decision
+    raise RetryLater(0.2, f"the team holds kept changing while {request.job_id} was admitted")
+
+
+async def _release(job_id: str, deps: Deps) -> None:
+    """Give an ended job's GPUs back to its team's quota."""
+    if deps.holds is None:
+        return
+    for _ in range(_HOLD_TRIES):
+        holds, revision = await deps.holds.read()
+        if job_id not in holds.holds:
+            return
+        try:
+            await deps.holds.write(policy.released(holds, [job_id]), revision)
+        except StaleRevisionError:
+            metrics.HOLD_CONFLICTS.inc()
+            continue
+        log.info("team.hold_released", job_id=job_id)
+        return
+    # Left for the next admission's clean-up: a hold of an ended job is dropped there.
+    log.warning("team.hold_release_deferred", job_id=job_id)
+
+
+async def admit_waiting(deps: Deps) -> None:
+    """Give waiting jobs their quota as it frees, higher priority first, and publish what
+    `spotrain teams` shows. One pass; a lost race waits for the next."""
+    if deps.teams is None or deps.holds is None:
+        return
+    found = await deps.store.all()
+    records = {record.job_id: record for record, _ in found}
+    revisions = {record.job_id: revision for record, revision in found}
+    for record in policy.waiting_order(records.values()):
+        with structlog.contextvars.bound_contextvars(job_id=record.job_id):
+            decision = await _admit_in_team(record.request, records, deps)
+            if isinstance(decision, policy.Accept):
+                admitted = await _quota_freed(record, revisions[record.job_id], deps)
+                if admitted is not None:
+                    records[record.job_id] = admitted
+            elif isinstance(decision, policy.WaitForQuota | policy.Reject):
+                reason = (
+                    decision.reason
+                    if isinstance(decision, policy.WaitForQuota)
+                    else (decision.detail)
+                )
+                if reason != record.waiting_for:
+                    updated = record.model_copy(
+                        update={"waiting_for": reason, "updated_at": deps.clock.now()}
+                    )
+                    with contextlib.suppress(StaleRevisionError):
+                        await deps.store.update(updated, revisions[record.job_id])
+    holds, _ = await deps.holds.read()
+    await deps.holds.publish_status(
+        policy.teams_status(deps.teams.current(), holds, records.values(), deps.clock.now())
+    )
+
+
+async def _quota_freed(record: JobRecord, revision: Revision, deps: Deps) -> JobRecord | None:
+    """Give a waiting job its first attempt and submit it; None if the record moved on
+    (cancelled, or another replica did it), whose hold is then released or kept there."""
+    admitted = policy.quota_freed(record, deps.clock.now())
+    try:
+        await deps.store.update(admitted, revision)
+    except StaleRevisionError:
+        return None
+    first = admitted.attempts[0]
+    await _publish(
+        deps, policy.queued_event(admitted, first, deps.clock.now()), f"queued-{record.job_id}-1"
+    )
+    await _submit(admitted, first, deps)
+    log.info("job.quota_freed", owner=record.request.owner, team=record.team, gpus=record.gpus)
+    return admitted
 
 
 async def _submit(record: JobRecord, attempt: Attempt, deps: Deps) -> None:
@@ -287,6 +410,8 @@ async def _apply(transition: Transition, revision: Revision, deps: Deps) -> Revi
     except StaleRevisionError:
         log.info("job.record_moved_on", reason=transition.reason.value)
         return None
+    if not transition.record.is_active:
+        await _release(transition.record.job_id, deps)
     if transition.reason is not Reason.PROGRESSED:
         state = transition.record.state.value
         log.info("job.transition", reason=transition.reason.value, state=state)

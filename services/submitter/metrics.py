@@ -43,6 +43,11 @@ ATTEMPTS_STARTED = Counter(
 ATTEMPTS_LOST = Counter(
     "spotrain_attempts_lost_total", "Attempts whose capacity went away, by cause.", ["cause"]
 )
+HOLD_CONFLICTS = Counter(
+    "spotrain_team_hold_conflicts_total",
+    "Team-quota writes that lost a compare-and-set to another submitter replica's, and were"
+    " decided again.",
+)
 RECOVERY_SECONDS = Histogram(
     "spotrain_recovery_seconds",
     "From a lost attempt's end to its successor running on Ray.",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import re
 import shlex
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from enum import StrEnum
@@ -36,8 +37,10 @@ from shared.events.data import (
     RejectionReason,
 )
 from shared.events.types import Frozen
+from shared.fairshare import Ask, Holding, Never, Preempt, PreemptionCause, Wait, place
 from shared.jobs import bundles_of, deadline_refusal, work_left_s
 from shared.resources import NODE_LABEL, RESOURCE_PER_JOB, capacity_resource
+from shared.teams import TeamHold, TeamHolds, Teams, TeamsStatus, quota_class
 
 
 class Quotas(Frozen):
@@ -57,7 +60,14 @@ class Reject:
     detail: str
 
 
-Admission = Accept | Reject
+@dataclass(frozen=True)
+class WaitForQuota:
+    """Accepted, but its team's quota is taken: it gets its attempt once quota frees."""
+
+    reason: str
+
+
+Admission = Accept | Reject | WaitForQuota
 
 
 def admit(
@@ -90,6 +100,113 @@ def admit(
     return Accept(gpus=gpus)
 
 
+def admit_in_team(
+    request: JobRequested,
+    teams: Teams,
+    holds: TeamHolds,
+    now: datetime,
+) -> tuple[Admission, TeamHolds]:
+    """A request under the teams file: refused when its owner has no team or it is larger
+    than the team can ever hold; admitted with a hold on the team's quota (guaranteed or
+    borrowed); else it waits, with the reason. Returns the holds to write back. Work that
+    would have to give way (reclaim, priority) is not stopped for it: it waits for it."""
+    team = teams.team_of(request.owner)
+    if team is None:
+        detail = f"{request.owner} is in no team of the teams file; ask an admin to add them"
+        return Reject(RejectionReason.NO_TEAM, detail), holds
+    gpus = request.worker.gpus * request.num_workers
+    held = holds.holds.get(request.job_id)
+    if held is not None:
+        return Accept(gpus=gpus), holds  # a repeat delivery: admitted the first time
+    capacity = quota_class(request.capacity)
+    ask = Ask(team=team.name, capacity=capacity, gpus=gpus, priority=request.priority)
+    decision = place(ask, teams, holdings_of(holds), min_runtime_s=math.inf)
+    if isinstance(decision, Never):
+        return Reject(RejectionReason.QUOTA_EXCEEDED, decision.reason), holds
+    if isinstance(decision, Wait):
+        return WaitForQuota(decision.reason), holds
+    if isinstance(decision, Preempt):
+        names = ", ".join(v.job_id for v in decision.victims)
+        why = (
+            "borrowed its guarantee"
+            if decision.cause is PreemptionCause.RECLAIMED
+            else "have a lower priority"
+        )
+        return WaitForQuota(f"waits for {names}, which {why}, to end"), holds
+    hold = TeamHold(
+        job_id=request.job_id,
+        team=team.name,
+        owner=request.owner,
+        capacity=capacity,
+        gpus=gpus,
+        priority=request.priority,
+        borrowed=decision.borrowed,
+        since=now,
+    )
+    return Accept(gpus=gpus), TeamHolds(holds={**holds.holds, request.job_id: hold})
+
+
+def holdings_of(holds: TeamHolds) -> list[Holding]:
+    """The holds as fair share weighs them. Nothing is preempted live yet, so every holding
+    counts as running past its minimum runtime and none ever gives way."""
+    return [
+        Holding(
+            job_id=h.job_id,
+            team=h.team,
+            capacity=h.capacity,
+            gpus=h.gpus,
+            priority=h.priority,
+            borrowed=h.borrowed,
+            ran_s=1.0,
+        )
+        for h in holds.holds.values()
+    ]
+
+
+def released(holds: TeamHolds, job_ids: Iterable[str]) -> TeamHolds:
+    gone = set(job_ids)
+    return TeamHolds(holds={k: h for k, h in holds.holds.items() if k not in gone})
+
+
+def stale_holds(
+    holds: TeamHolds, records: Mapping[str, JobRecord], now: datetime, *, grace_s: float
+) -> list[str]:
+    """Holds to drop: of jobs that ended (a release that a crash lost), or whose record
+    never came (a crash between the hold and the record) after `grace_s`. A waiting job's
+    hold stays: it is being given its quota, and its next pass finds the hold its own."""
+    stale = []
+    for job_id, hold in holds.holds.items():
+        record = records.get(job_id)
+        if record is None:
+            if (now - hold.since).total_seconds() > grace_s:
+                stale.append(job_id)
+        elif not record.is_active:
+            stale.append(job_id)
+    return stale
+
+
+def waiting_order(records: Iterable[JobRecord]) -> list[JobRecord]:
+    """Jobs waiting for quota, in the order they get it: higher priority, then older."""
+    waiting = [r for r in records if r.is_active and r.waiting_for is not None]
+    return sorted(waiting, key=lambda r: (-r.request.priority, r.accepted_at, r.job_id))
+
+
+def teams_status(
+    teams: Teams, holds: TeamHolds, records: Iterable[JobRecord], now: datetime
+) -> TeamsStatus:
+    waiting: dict[str, int] = {}
+    for record in records:
+        if record.is_active and record.waiting_for is not None and record.team is not None:
+            waiting[record.team] = waiting.get(record.team, 0) + 1
+    return TeamsStatus(teams=teams, holds=holds, waiting=waiting, at=now)
+
+
+def quota_freed(record: JobRecord, now: datetime) -> JobRecord:
+    """A waiting job given its quota: its first attempt, ready to submit."""
+    first = Attempt(number=1, submission_id=submission_id(record.job_id, 1), submitted_at=now)
+    return record.model_copy(update={"waiting_for": None, "attempts": (first,), "updated_at": now})
+
+
 def new_record(
     request: JobRequested,
     request_event_id: str,
@@ -97,8 +214,21 @@ def new_record(
     now: datetime,
     *,
     checkpoint_uri: str,
+    team: str | None = None,
 ) -> JobRecord:
-    """The first record of a job: rejected with its reason, or queued with attempt 1."""
+    """The first record of a job: rejected with its reason, waiting for its team's quota
+    (no attempt yet), or queued with attempt 1."""
+    if isinstance(decision, WaitForQuota):
+        return JobRecord(
+            request=request,
+            request_event_id=request_event_id,
+            state=JobState.QUEUED,
+            accepted_at=now,
+            updated_at=now,
+            checkpoint_uri=checkpoint_uri,
+            team=team,
+            waiting_for=decision.reason,
+        )
     if isinstance(decision, Reject):
         return JobRecord(
             request=request,
@@ -119,6 +249,7 @@ def new_record(
         updated_at=now,
         attempts=(first,),
         checkpoint_uri=checkpoint_uri,
+        team=team,
     )
 
 
@@ -361,13 +492,20 @@ def eta_s(attempt: Attempt, step: int, total_steps: int | None, at: datetime) ->
 _METRIC_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}$")
 
 
-def who_may_not_cancel(record: JobRecord, requested_by: str) -> str | None:
+def who_may_not_cancel(
+    record: JobRecord, requested_by: str, teams: Teams | None = None
+) -> str | None:
     """Why `requested_by` may not cancel this job, if they may not: a job is its owner's
-    to cancel. `requested_by` is proven, as the owner was: each is the name of the
-    credential that sent the request (`shared.events.catalog.SENT_BY`)."""
+    to cancel, and its team admins'. `requested_by` is proven, as the owner was: each is
+    the name of the credential that sent the request (`shared.events.catalog.SENT_BY`)."""
     if requested_by == record.request.owner:
         return None
-    return f"{requested_by} may not cancel {record.job_id}: it is {record.request.owner}'s"
+    team = teams.team_of(record.request.owner) if teams is not None else None
+    if team is not None and requested_by in team.admins:
+        return None
+    admins = f" or an admin of team {team.name}" if team is not None else ""
+    owner = record.request.owner
+    return f"{requested_by} may not cancel {record.job_id}: only {owner}{admins} may"
 
 
 def cancel(record: JobRecord, now: datetime) -> Transition:

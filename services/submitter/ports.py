@@ -8,6 +8,7 @@ from typing import Protocol
 from services.submitter.model import JobRecord, RayJobStatus, SubmissionPlan
 from shared.checkpoints import ProgressReport, StopAsk
 from shared.events.types import ObjectRef
+from shared.teams import TeamHolds, Teams, TeamsStatus
 
 Revision = int
 
@@ -71,3 +72,27 @@ class Workspaces(Protocol):
     async def unpack(self, ref: ObjectRef) -> Path:
         """A local folder with the working directory's files, verified against its hash."""
         ...
+
+
+class TeamsSource(Protocol):
+    """The teams file."""
+
+    def current(self) -> Teams:
+        """The last valid teams: a file that turned bad since is logged and not used."""
+        ...
+
+
+class TeamHoldStore(Protocol):
+    """The teams bucket: every job's hold on its team's quota, as one value that every
+    submitter replica writes by compare-and-set only, and the status clients read."""
+
+    async def read(self) -> tuple[TeamHolds, Revision | None]:
+        """The holds and their revision; None before the first write."""
+        ...
+
+    async def write(self, holds: TeamHolds, revision: Revision | None) -> Revision:
+        """Replace the holds if still at `revision` (None: create them), else raise
+        StaleRevisionError."""
+        ...
+
+    async def publish_status(self, status: TeamsStatus) -> None: ...

@@ -32,6 +32,11 @@ class SubmitterSettings(RuntimeSettings):
     )
     max_gpus_per_job: int = Field(8, ge=0)
     max_gpus_per_owner: int = Field(16, ge=0)
+    teams_file: Path | None = Field(
+        None,
+        validation_alias=AliasChoices("SPOTRAIN_SUBMITTER_TEAMS_FILE", "SPOTRAIN_TEAMS_FILE"),
+    )
+    """The teams file (TOML, shared/teams.py); unset: no teams, per-owner limits only."""
     track_interval_s: float = Field(1.0, gt=0)
     max_concurrency: int = Field(8, ge=1)
 

@@ -168,8 +168,9 @@ def demo(
     add_help_option=False,
 )
 def simulate(context: typer.Context) -> None:
-    """Replay a job trace through the scaler's policy and others, or `simulate deadline`: one
-    job with a deadline on a spot market trace (--help for options)."""
+    """Replay a job trace through the scaler's policy and others, `simulate deadline`: one
+    job with a deadline on a spot market trace, or `simulate teams`: a trace shared by
+    teams under fair share (--help for options)."""
     # The simulator belongs to the scaler, and the CLI may not import a service: it runs
     # as the scaler's own tool, with the arguments as given.
     result = subprocess.run(

@@ -28,6 +28,7 @@ from shared.events.data import JobFailed, JobProgress, JobRejected, JobRequested
 from shared.events.types import Bundle, CapacityClass
 from shared.jobs import JobRecord, deadline_outlook, deadline_refusal, span_text
 from shared.pools import PoolStatus
+from shared.teams import team_uses
 from shared.workspace import WorkspaceError
 
 T = TypeVar("T")
@@ -42,6 +43,7 @@ def register_job_commands(app: typer.Typer) -> None:
     app.command()(watch)
     app.command()(cancel)
     app.command()(pools)
+    app.command()(teams)
 
 
 def submit(  # noqa: PLR0917  # a typer command: its options are its parameters
@@ -281,7 +283,49 @@ def pools(
     )
 
 
+def teams(
+    as_json: Annotated[bool, typer.Option("--json", help="Print the rows as JSON.")] = False,
+) -> None:
+    """Each team: members, guaranteed and borrowable GPUs, GPUs held, borrowed and lent,
+    jobs waiting for quota, budget and spend this month."""
+    status = _run(lambda: _with_client(lambda c: c.teams()))
+    if status is None:
+        raise CliError(
+            "no teams: the submitter runs without a teams file (SPOTRAIN_TEAMS_FILE), or has "
+            "not reported yet"
+        )
+    rows = team_uses(status)
+    if as_json:
+        print(json.dumps([row.model_dump(mode="json") for row in rows], indent=2))
+        return
+    table = Table(
+        "team", "capacity", "members", "guaranteed", "may borrow", "held", "borrowed", "lent",
+        "waiting jobs", "spent / budget",
+    )  # fmt: skip
+    for row in rows:
+        table.add_row(
+            row.team,
+            row.capacity.value,
+            str(row.members),
+            str(row.guaranteed_gpus),
+            str(row.borrow_gpus),
+            str(row.held_gpus),
+            str(row.borrowed_gpus),
+            str(row.lent_gpus),
+            str(row.waiting_jobs) if row.waiting_jobs else "",
+            _money(row.spent_usd, row.monthly_budget_usd),
+        )
+    out.print(table)
+    out.print(f"as of {status.at:%H:%M:%S}")
+
+
 # --- helpers of the commands above -----------------------------------------------------
+
+
+def _money(spent: float | None, budget: float | None) -> str:
+    if budget is None:
+        return "" if spent is None else f"${spent:,.2f}"
+    return f"${spent or 0:,.2f} / ${budget:,.2f}"
 
 
 def _stock_outs(row: PoolStatus) -> str:

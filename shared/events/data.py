@@ -96,6 +96,8 @@ class RejectionReason(StrEnum):
     UNSCHEDULABLE = "unschedulable"
     DEADLINE_UNREACHABLE = "deadline-unreachable"
     """Its deadline has passed, or its estimate does not fit before it even on on-demand."""
+    NO_TEAM = "no-team"
+    """The platform runs with teams and the owner is in none."""
 
 
 class JobRejected(EventData):

@@ -41,6 +41,7 @@ from shared.events.data import (
 )
 from shared.jobs import jobs_bucket
 from shared.pools import pools_bucket
+from shared.teams import teams_bucket
 from shared.workspace import workspaces_bucket
 
 JS_API = "$JS.API"
@@ -62,6 +63,7 @@ class Role(StrEnum):
 class Bucket(StrEnum):
     JOBS = "jobs"
     POOLS = "pools"
+    TEAMS = "teams"
     WORKSPACES = "workspaces"
 
 
@@ -96,6 +98,8 @@ class BusNames:
                 return jobs_bucket(self.prefix)
             case Bucket.POOLS:
                 return pools_bucket(self.prefix)
+            case Bucket.TEAMS:
+                return teams_bucket(self.prefix)
             case Bucket.WORKSPACES:
                 return workspaces_bucket(self.prefix)
 
@@ -370,7 +374,7 @@ CLIENT_REQUESTS = (JobRequested, JobCancelRequested)
 TABLE: tuple[RoleSpec, ...] = (
     _service(
         Role.SUBMITTER,
-        "admits, queues and runs jobs on Ray; the one writer of the jobs bucket",
+        "admits, queues and runs jobs on Ray; the one writer of the jobs and teams buckets",
         (
             JobAccepted,
             JobRejected,
@@ -383,6 +387,7 @@ TABLE: tuple[RoleSpec, ...] = (
             JobCancelled,
         ),
         WritesBucket(Bucket.JOBS),
+        WritesBucket(Bucket.TEAMS),
         ReadsObjects(Bucket.WORKSPACES),
     ),
     _service(
@@ -421,6 +426,7 @@ TABLE: tuple[RoleSpec, ...] = (
             WritesObjects(Bucket.WORKSPACES),
             ReadsBucket(Bucket.JOBS),
             ReadsBucket(Bucket.POOLS, listing=False),
+            ReadsBucket(Bucket.TEAMS, listing=False),
             ReadsHistory(("job", "node")),
             Follows("job"),
         ),

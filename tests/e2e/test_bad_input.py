@@ -36,6 +36,11 @@ CONSUMERS: dict[str, Mapping[type[EventData], object]] = {
 SUBJECTS = sorted({subject_for(t, DEFAULT_PREFIX) for table in CONSUMERS.values() for t in table})
 
 
+def sent_on(subject: str) -> str:
+    """A subject to publish on: a request's pattern (`….requested.>`) with a sender's name."""
+    return subject.removesuffix(".>") + ".eve" if subject.endswith(".>") else subject
+
+
 def consumers_of(subject: str) -> list[str]:
     return [
         service
@@ -149,7 +154,7 @@ def test_every_kind_of_bad_input_is_dead_lettered_by_each_consumer_with_its_reas
     items = []
     for subject in SUBJECTS:
         for kind, payload in FIXED.items():
-            items.append((subject, payload))
+            items.append((sent_on(subject), payload))
             reason = {
                 "not-json": "not-json",
                 "non-utf8": "not-json",
@@ -175,7 +180,7 @@ def test_every_kind_of_bad_input_is_dead_lettered_by_each_consumer_with_its_reas
         },
         id="after-the-flood",
     )
-    publish(url, [*items, (f"{DEFAULT_PREFIX}.job.requested", valid)])
+    publish(url, [*items, (f"{DEFAULT_PREFIX}.job.requested.eve", valid)])
     wait_for(url, before + expected)
     after = dead_letters(url) - before
     assert after == expected, "each bad message once, by each consumer, with its reason"
@@ -216,6 +221,7 @@ def test_generated_garbage_never_stops_a_service(
     local_stack: dict[str, str], subject: str, data: Any, raw: bytes
 ) -> None:
     url = local_stack["SPOTRAIN_NATS_URL"]
-    event_type = f"spotrain.{subject.split('.', 1)[1]}.v1"
-    publish(url, [(subject, envelope(event_type, data)), (subject, raw)])
+    event_type = f"spotrain.{subject.removesuffix('.>').split('.', 1)[1]}.v1"
+    on = sent_on(subject)
+    publish(url, [(on, envelope(event_type, data)), (on, raw)])
     assert healthy(local_stack) == list(CONSUMERS)

@@ -9,6 +9,7 @@ from services.submitter.model import JobRecord, RayJobState, RayJobStatus, Submi
 from services.submitter.ports import Revision, StaleRevisionError
 from shared.checkpoints import ProgressReport, StopAsk
 from shared.events.types import ObjectRef
+from shared.teams import TeamHolds, Teams, TeamsStatus
 
 
 class InMemoryJobStore:
@@ -99,3 +100,40 @@ class FakeProgress:
         if (checkpoint_uri, attempt) in self.checkpoint_requests:
             return StopAsk.STOP
         return StopAsk.NONE
+
+
+class FixedTeams:
+    """The teams file, as a test sets it."""
+
+    def __init__(self, teams: Teams) -> None:
+        self.teams = teams
+
+    def current(self) -> Teams:
+        return self.teams
+
+
+class InMemoryTeamHolds:
+    """The holds with the bucket's compare-and-set; `conflicts` makes the next writes lose
+    to a write another replica made in between (which changes nothing)."""
+
+    def __init__(self) -> None:
+        self.holds = TeamHolds()
+        self.revision: Revision | None = None
+        self.conflicts = 0
+        self.status: TeamsStatus | None = None
+
+    async def read(self) -> tuple[TeamHolds, Revision | None]:
+        await asyncio.sleep(0)
+        return self.holds, self.revision
+
+    async def write(self, holds: TeamHolds, revision: Revision | None) -> Revision:
+        if self.conflicts:
+            self.conflicts -= 1
+            self.revision = (self.revision or 0) + 1
+        if revision != self.revision:
+            raise StaleRevisionError("holds")
+        self.holds, self.revision = holds, (self.revision or 0) + 1
+        return self.revision
+
+    async def publish_status(self, status: TeamsStatus) -> None:
+        self.status = status

@@ -199,7 +199,7 @@ async def test_a_job_is_its_owners_to_cancel(deps: Deps) -> None:
     ray(deps).set("job-a-1", RayJobState.RUNNING)
     await track_attempts(deps)
     cancel = new_event(JobCancelRequested(job_id="job-a", requested_by="bob"), source="t", time=NOW)
-    with pytest.raises(Unhandleable, match="bob may not cancel job-a: it is alice's"):
+    with pytest.raises(Unhandleable, match="bob may not cancel job-a: only alice may"):
         await on_job_cancel_requested(cancel, deps)
     assert ray(deps).stopped == []
     assert isinstance(deps.store, InMemoryJobStore)

@@ -13,11 +13,13 @@ import structlog
 
 from services.scaler.adapters.kv_demand import KvDemandStore
 from services.submitter.adapters.kv_job_store import KvJobStore
+from services.submitter.adapters.team_holds import KvTeamHolds
 from shared.jobs import jobs_bucket
 from shared.logs import configure_logging
 from shared.messaging import BusSettings
 from shared.messaging.jetstream import JetStreamBus
 from shared.pools import pools_bucket
+from shared.teams import teams_bucket
 
 log = structlog.get_logger()
 
@@ -29,11 +31,9 @@ async def declare(settings: BusSettings) -> None:
         js = bus.client.jetstream()
         await KvJobStore.open(js, jobs_bucket(bus.prefix))
         await KvDemandStore.open(js, pools_bucket(bus.prefix))
-        log.info(
-            "jetstream.declared",
-            stream=settings.stream,
-            buckets=[jobs_bucket(bus.prefix), pools_bucket(bus.prefix)],
-        )
+        await KvTeamHolds.open(js, teams_bucket(bus.prefix))
+        buckets = [jobs_bucket(bus.prefix), pools_bucket(bus.prefix), teams_bucket(bus.prefix)]
+        log.info("jetstream.declared", stream=settings.stream, buckets=buckets)
     finally:
         await bus.close()
 
