@@ -140,34 +140,36 @@ def place(
     held_by_all = sum(u.held for u in use.values())
     after = mine.held + ask.gpus
     borrowed = after > mine.guaranteed
-    if after > quota.most_gpus:
-        return Wait(
-            f"team {team.name} holds {mine.held} {cls.value} GPUs; with this job's {ask.gpus} "
-            f"that is {after}, over its {quota.guaranteed_gpus} guaranteed + "
-            f"{quota.borrow_gpus} it may borrow"
-        )
+    over_limit = after - quota.most_gpus
     free = shared - held_by_all
-    if ask.gpus <= free:
+    short = max(ask.gpus - free, 0)
+    if over_limit <= 0 and short == 0:
         return Admit(borrowed=borrowed)
-    short = ask.gpus - free
-    if not borrowed:
+    if over_limit <= 0 and not borrowed:
         # Within its guarantee: what others borrowed of it is taken back.
         lent = [h for h in holdings if h.borrowed and h.team != team.name and _in(h, cls)]
         over = {name: u.borrowed for name, u in use.items() if name != team.name}
         victims = choose_victims(lent, short, min_runtime_s=min_runtime_s, at_most=over)
         if victims is not None:
             return Preempt(victims=victims, cause=PreemptionCause.RECLAIMED, borrowed=False)
+    # The team's own lower priority work makes room, within the team's limit and the
+    # teams' shared GPUs both.
     lower = [
         h for h in holdings if h.team == team.name and h.priority < ask.priority and _in(h, cls)
     ]
-    victims = choose_victims(lower, short, min_runtime_s=min_runtime_s)
+    victims = choose_victims(lower, max(short, over_limit), min_runtime_s=min_runtime_s)
     if victims is not None:
-        # The room comes from the team's own jobs: the new one may then fit its guarantee.
         after_victims = after - sum(v.gpus for v in victims)
         return Preempt(
             victims=victims,
             cause=PreemptionCause.PRIORITY,
             borrowed=after_victims > mine.guaranteed,
+        )
+    if over_limit > 0:
+        return Wait(
+            f"team {team.name} holds {mine.held} {cls.value} GPUs; with this job's {ask.gpus} "
+            f"that is {after}, over its {quota.guaranteed_gpus} guaranteed + "
+            f"{quota.borrow_gpus} it may borrow"
         )
     reason = f"{free} of the teams' {shared} {cls.value} GPUs are free; the job asks for {ask.gpus}"
     if not borrowed:

@@ -76,6 +76,18 @@ class Attempt(Frozen):
     from_step: int = 0
     cause: InterruptionCause | None = None
     """Why a LOST attempt was lost."""
+    give_way: InterruptionCause | None = None
+    """The platform asked it to checkpoint and stop for other work (`reclaimed` or
+    `priority`), at `give_way_asked_at`; its end is then that preemption."""
+    give_way_asked_at: AwareDatetime | None = None
+    give_way_for: str | None = None
+    """The job it makes room for."""
+
+
+PLATFORM_STOPS = frozenset(
+    {InterruptionCause.MOVED, InterruptionCause.RECLAIMED, InterruptionCause.PRIORITY}
+)
+"""Attempts the platform stopped on purpose, checkpoint first: they spend no restart budget."""
 
 
 class JobRecord(Frozen):
@@ -120,7 +132,7 @@ class JobRecord(Frozen):
         return sum(
             1
             for attempt in self.attempts
-            if attempt.state is AttemptState.LOST and attempt.cause is not InterruptionCause.MOVED
+            if attempt.state is AttemptState.LOST and attempt.cause not in PLATFORM_STOPS
         )
 
     def capacity_of(self, attempt: Attempt) -> CapacityClass:

@@ -25,7 +25,7 @@ from shared.checkpoints import CheckpointRequest
 from shared.clock import Clock
 from shared.events import Event, EventData, new_event
 from shared.events.data import JobInterrupted, JobMoveRequested, NodeLost, NodePreempting
-from shared.jobs import bundles_of
+from shared.jobs import PLATFORM_STOPS, bundles_of
 from shared.messaging import EventPublisher, HandlerWithDeps
 
 SERVICE = "checkpointer"
@@ -95,7 +95,13 @@ async def on_node_lost(event: Event[NodeLost], deps: Deps) -> None:
 
 
 async def on_job_interrupted(event: Event[JobInterrupted], deps: Deps) -> None:
-    await _recover(event.data.job_id, event.data.attempt, deps, signalled_at=event.time)
+    await _recover(
+        event.data.job_id,
+        event.data.attempt,
+        deps,
+        signalled_at=event.time,
+        platform_stop=event.data.cause in PLATFORM_STOPS,
+    )
 
 
 async def review_moves(deps: Deps) -> None:
@@ -187,7 +193,9 @@ async def _resume_moved(
             log.info("job.not_moved", job_id=record.job_id, attempt=move.attempt, why=str(skip))
 
 
-async def _recover(job_id: str, attempt: int, deps: Deps, *, signalled_at: datetime) -> None:
+async def _recover(
+    job_id: str, attempt: int, deps: Deps, *, signalled_at: datetime, platform_stop: bool = False
+) -> None:
     record = await deps.jobs.get(job_id)
     if record is None:
         log.warning("job.unknown", job_id=job_id)
@@ -200,7 +208,7 @@ async def _recover(job_id: str, attempt: int, deps: Deps, *, signalled_at: datet
     checkpoint = None
     if record.checkpoint_uri is not None:
         checkpoint = await deps.checkpoints.latest(record.checkpoint_uri)
-    match policy.recover(record, attempt, checkpoint, deps.config):
+    match policy.recover(record, attempt, checkpoint, deps.config, platform_stop=platform_stop):
         case Resume(resumed=resumed):
             await _publish(deps, resumed, f"job-resumed-{job_id}-{resumed.attempt}", job_id)
             if _first_time(deps, f"resumed-{job_id}-{resumed.attempt}"):

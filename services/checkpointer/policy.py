@@ -66,12 +66,17 @@ def recover(
     lost_attempt: int,
     checkpoint: LatestCheckpoint | None,
     config: RecoveryConfig,
+    *,
+    platform_stop: bool = False,
 ) -> Recovery:
     """How the job carries on after `lost_attempt` lost its capacity.
 
     At most once per loss: only the job's current attempt is resumed, and the next attempt
     number is the event's identity. An attempt that ended by itself (its own error, success,
-    a cancellation) is never resumed as if it were a preemption.
+    a cancellation) is never resumed as if it were a preemption. `platform_stop`: the
+    platform stopped it on purpose for other work (`shared.jobs.PLATFORM_STOPS`), which
+    spends no restart budget and moves it to no other capacity, whatever the record
+    (written after the event) says yet.
     """
     attempt = record.current
     if not record.is_active:
@@ -82,7 +87,9 @@ def recover(
         return Skip(f"attempt {lost_attempt} is no longer the current one")
     if attempt.state in _ENDED_ON_ITS_OWN:
         return Skip(f"attempt {lost_attempt} {attempt.state.value} on its own")
-    losses = record.interruptions + (0 if attempt.state is AttemptState.LOST else 1)
+    losses = record.interruptions + (
+        0 if attempt.state is AttemptState.LOST or platform_stop else 1
+    )
     budget = record.request.max_restarts
     if losses > budget:
         message = (

@@ -53,6 +53,8 @@ async def bootstrap(bus: EventBus, stack: AsyncExitStack) -> ServiceDefinition:
         checkpoint_root=settings.checkpoint_root,
         teams=teams,
         holds=holds,
+        min_runtime_before_preemption_s=settings.min_runtime_before_preemption_s,
+        give_way_grace_s=settings.give_way_grace_s,
     )
 
     async def track() -> None:

@@ -25,10 +25,11 @@ from services.submitter.ports import (
     TeamsSource,
     Workspaces,
 )
-from shared.checkpoints import StopAsk
+from shared.checkpoints import CheckpointRequest, StopAsk
 from shared.clock import Clock
 from shared.events import Event, EventData, new_event
 from shared.events.data import (
+    InterruptionCause,
     JobAccepted,
     JobCancelRequested,
     JobFailed,
@@ -64,6 +65,10 @@ class Deps:
     holds: TeamHoldStore | None = None
     hold_grace_s: float = 120.0
     """A hold whose job record has not appeared after this long was left by a crash."""
+    min_runtime_before_preemption_s: float = 300.0
+    """No job gives way for other work before its attempt has run this long."""
+    give_way_grace_s: float = 120.0
+    """How long a job asked to give way has to checkpoint and stop before Ray stops it."""
 
 
 async def on_job_requested(event: Event[JobRequested], deps: Deps) -> None:
@@ -156,6 +161,9 @@ async def on_job_resumed(event: Event[JobResumed], deps: Deps) -> None:
     if await _apply(transition, revision, deps) is None:
         raise RetryLater(0.2, f"job {resumed.job_id} moved on while it was being resumed")
     attempt = transition.record.current
+    if transition.record.waiting_for is not None:
+        log.info("job.gave_way", attempt=resumed.attempt, reason=transition.record.waiting_for)
+        return
     if (
         attempt is not None
         and attempt.number == resumed.attempt
@@ -193,8 +201,17 @@ async def track_attempts(deps: Deps) -> None:
     records = await deps.store.all()
     for record, revision in records:
         attempt = record.current
-        if record.is_active and attempt is not None and attempt.state in _LIVE:
+        if (
+            record.is_active
+            and attempt is not None
+            and attempt.state in _LIVE
+            and record.waiting_for is None
+        ):
             with structlog.contextvars.bound_contextvars(job_id=record.job_id):
+                if policy.give_way_overdue(attempt, deps.clock.now(), deps.give_way_grace_s):
+                    # It did not checkpoint and stop in time: Ray stops it, and it goes on
+                    # from the last checkpoint it wrote.
+                    await deps.ray.stop(attempt.submission_id)
                 await _track(record, attempt, revision, deps)
     # As read at the start of the pass: what this pass changed shows on the next.
     metrics.RECORDS.replace(metrics.record_samples(record for record, _ in records))
@@ -301,7 +318,14 @@ async def _admit_in_team(
         holds, revision = await deps.holds.read()
         now = deps.clock.now()
         stale = policy.stale_holds(holds, records, now, grace_s=deps.hold_grace_s)
-        decision, after = policy.admit_in_team(request, teams, policy.released(holds, stale), now)
+        decision, after = policy.admit_in_team(
+            request,
+            teams,
+            policy.released(holds, stale),
+            now,
+            records=records,
+            min_runtime_s=deps.min_runtime_before_preemption_s,
+        )
         if after == holds:
             return decision
         try:
@@ -309,8 +333,42 @@ async def _admit_in_team(
         except StaleRevisionError:
             metrics.HOLD_CONFLICTS.inc()
             continue
+        if isinstance(decision, policy.Accept) and decision.cause is not None:
+            for victim in decision.preempting:
+                await _ask_to_give_way(victim, decision.cause, request.job_id, deps)
         return decision
     raise RetryLater(0.2, f"the team holds kept changing while {request.job_id} was admitted")
+
+
+async def _ask_to_give_way(job_id: str, cause: InterruptionCause, for_job: str, deps: Deps) -> None:
+    """Ask a job to checkpoint and stop for `for_job`: its record says so (the tracker
+    stops it in Ray if it has not stopped within the grace), and CHECKPOINT_NOW asks its
+    training loop. One not on a node yet is stopped in Ray at once: it loses nothing."""
+    for _ in range(_HOLD_TRIES):
+        found = await deps.store.get(job_id)
+        if found is None:
+            return
+        record, revision = found
+        asked = policy.give_way(record, cause, for_job, deps.clock.now())
+        if asked is None:
+            return
+        try:
+            await deps.store.update(asked, revision)
+        except StaleRevisionError:
+            continue
+        attempt = asked.current
+        if attempt is None:
+            return
+        metrics.GIVE_WAY_ASKED.labels(cause.value).inc()
+        log.info("job.asked_to_give_way", job_id=job_id, cause=cause.value, for_job=for_job)
+        if attempt.state is AttemptState.SUBMITTED:
+            await deps.ray.stop(attempt.submission_id)
+            return
+        request = CheckpointRequest(
+            job_id=job_id, attempt=attempt.number, requested_at=deps.clock.now()
+        )
+        await deps.progress.request_stop(_checkpoint_uri(asked, deps), request)
+        return
 
 
 async def _release(job_id: str, deps: Deps) -> None:
@@ -373,11 +431,10 @@ async def _quota_freed(record: JobRecord, revision: Revision, deps: Deps) -> Job
         await deps.store.update(admitted, revision)
     except StaleRevisionError:
         return None
-    first = admitted.attempts[0]
-    await _publish(
-        deps, policy.queued_event(admitted, first, deps.clock.now()), f"queued-{record.job_id}-1"
-    )
-    await _submit(admitted, first, deps)
+    attempt = admitted.attempts[-1]
+    queued = policy.queued_event(admitted, attempt, deps.clock.now())
+    await _publish(deps, queued, f"queued-{record.job_id}-{attempt.number}")
+    await _submit(admitted, attempt, deps)
     log.info("job.quota_freed", owner=record.request.owner, team=record.team, gpus=record.gpus)
     return admitted
 

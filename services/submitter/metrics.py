@@ -48,6 +48,11 @@ HOLD_CONFLICTS = Counter(
     "Team-quota writes that lost a compare-and-set to another submitter replica's, and were"
     " decided again.",
 )
+GIVE_WAY_ASKED = Counter(
+    "spotrain_give_way_asked_total",
+    "Jobs asked to checkpoint and stop for other work, by cause (reclaimed, priority).",
+    ["cause"],
+)
 RECOVERY_SECONDS = Histogram(
     "spotrain_recovery_seconds",
     "From a lost attempt's end to its successor running on Ray.",

@@ -52,6 +52,9 @@ class Quotas(Frozen):
 @dataclass(frozen=True)
 class Accept:
     gpus: int
+    preempting: tuple[str, ...] = ()
+    """Jobs asked to checkpoint and give way for this one (their holds are its now)."""
+    cause: InterruptionCause | None = None
 
 
 @dataclass(frozen=True)
@@ -100,16 +103,20 @@ def admit(
     return Accept(gpus=gpus)
 
 
-def admit_in_team(
+def admit_in_team(  # the decision's inputs, each named
     request: JobRequested,
     teams: Teams,
     holds: TeamHolds,
     now: datetime,
+    *,
+    records: Mapping[str, JobRecord],
+    min_runtime_s: float,
 ) -> tuple[Admission, TeamHolds]:
     """A request under the teams file: refused when its owner has no team or it is larger
     than the team can ever hold; admitted with a hold on the team's quota (guaranteed or
-    borrowed); else it waits, with the reason. Returns the holds to write back. Work that
-    would have to give way (reclaim, priority) is not stopped for it: it waits for it."""
+    borrowed), at once or by taking the holds of jobs that must give way (borrowed work
+    reclaimed, lower priority work of its team), which are then asked to checkpoint and
+    stop; else it waits, with the reason. Returns the holds to write back."""
     team = teams.team_of(request.owner)
     if team is None:
         detail = f"{request.owner} is in no team of the teams file; ask an admin to add them"
@@ -120,19 +127,21 @@ def admit_in_team(
         return Accept(gpus=gpus), holds  # a repeat delivery: admitted the first time
     capacity = quota_class(request.capacity)
     ask = Ask(team=team.name, capacity=capacity, gpus=gpus, priority=request.priority)
-    decision = place(ask, teams, holdings_of(holds), min_runtime_s=math.inf)
+    decision = place(ask, teams, holdings_of(holds, records, now), min_runtime_s=min_runtime_s)
     if isinstance(decision, Never):
         return Reject(RejectionReason.QUOTA_EXCEEDED, decision.reason), holds
     if isinstance(decision, Wait):
         return WaitForQuota(decision.reason), holds
+    victims: tuple[str, ...] = ()
+    cause = None
     if isinstance(decision, Preempt):
-        names = ", ".join(v.job_id for v in decision.victims)
-        why = (
-            "borrowed its guarantee"
+        victims = tuple(v.job_id for v in decision.victims)
+        cause = (
+            InterruptionCause.RECLAIMED
             if decision.cause is PreemptionCause.RECLAIMED
-            else "have a lower priority"
+            else InterruptionCause.PRIORITY
         )
-        return WaitForQuota(f"waits for {names}, which {why}, to end"), holds
+        holds = released(holds, victims)
     hold = TeamHold(
         job_id=request.job_id,
         team=team.name,
@@ -143,24 +152,44 @@ def admit_in_team(
         borrowed=decision.borrowed,
         since=now,
     )
-    return Accept(gpus=gpus), TeamHolds(holds={**holds.holds, request.job_id: hold})
+    admitted = Accept(gpus=gpus, preempting=victims, cause=cause)
+    return admitted, TeamHolds(holds={**holds.holds, request.job_id: hold})
 
 
-def holdings_of(holds: TeamHolds) -> list[Holding]:
-    """The holds as fair share weighs them. Nothing is preempted live yet, so every holding
-    counts as running past its minimum runtime and none ever gives way."""
-    return [
-        Holding(
-            job_id=h.job_id,
-            team=h.team,
-            capacity=h.capacity,
-            gpus=h.gpus,
-            priority=h.priority,
-            borrowed=h.borrowed,
-            ran_s=1.0,
+def holdings_of(holds: TeamHolds, records: Mapping[str, JobRecord], now: datetime) -> list[Holding]:
+    """The holds as fair share weighs them, with how long each job's attempt has run and
+    the work since its last checkpoint (at its checkpoint interval, else all it ran). A
+    job not on a node yet has run 0 s: it gives way at once, losing nothing. One whose
+    record this replica has not seen yet (another wrote it a moment ago) is left alone."""
+    holdings = []
+    for hold in holds.holds.values():
+        record = records.get(hold.job_id)
+        attempt = record.current if record is not None else None
+        if record is None or attempt is None:
+            ran_s = _NOT_SEEN_S
+        elif attempt.state is AttemptState.RUNNING and attempt.started_at is not None:
+            ran_s = max((now - attempt.started_at).total_seconds(), _NOT_SEEN_S)
+        else:
+            ran_s = 0.0
+        interval = record.request.checkpoint_interval_s if record is not None else None
+        holdings.append(
+            Holding(
+                job_id=hold.job_id,
+                team=hold.team,
+                capacity=hold.capacity,
+                gpus=hold.gpus,
+                priority=hold.priority,
+                borrowed=hold.borrowed,
+                ran_s=ran_s,
+                since_checkpoint_s=ran_s % interval if interval else ran_s,
+            )
         )
-        for h in holds.holds.values()
-    ]
+    return holdings
+
+
+_NOT_SEEN_S = 1e-6
+"""Run time of a job fair share must not preempt: more than 0 (not "waiting for a node")
+and less than any minimum runtime."""
 
 
 def released(holds: TeamHolds, job_ids: Iterable[str]) -> TeamHolds:
@@ -202,7 +231,11 @@ def teams_status(
 
 
 def quota_freed(record: JobRecord, now: datetime) -> JobRecord:
-    """A waiting job given its quota: its first attempt, ready to submit."""
+    """A waiting job given its quota, ready to submit: its first attempt, or the one it
+    resumes with after it gave way."""
+    current = record.current
+    if current is not None and current.state is AttemptState.SUBMITTED:
+        return record.model_copy(update={"waiting_for": None, "updated_at": now})
     first = Attempt(number=1, submission_id=submission_id(record.job_id, 1), submitted_at=now)
     return record.model_copy(update={"waiting_for": None, "attempts": (first,), "updated_at": now})
 
@@ -291,8 +324,15 @@ def plan_submission(record: JobRecord, attempt: Attempt, *, checkpoint_uri: str)
     if attempt.resumed_from:
         env["SPOTRAIN_RESUME_FROM"] = attempt.resumed_from
     metadata = {"job_id": request.job_id, "attempt": str(attempt.number), "owner": request.owner}
+    # Nodes that went away under the job. One it left to give way is healthy, and may be
+    # the very node its team's quota and the scaler keep for it: no avoiding that one.
     lost = sorted(
-        {node for a in record.attempts if a.state is AttemptState.LOST for node in a.nodes}
+        {
+            node
+            for a in record.attempts
+            if a.state is AttemptState.LOST and a.cause not in GIVE_WAY
+            for node in a.nodes
+        }
     )
     if request.experiment:
         metadata["experiment"] = request.experiment
@@ -411,29 +451,50 @@ def on_ray_status(
                     Fact(f"succeeded-{job_id}-{n}", JobSucceeded(job_id=job_id, attempt=n)),
                 ),
             )
+        case RayJobState.STOPPED | RayJobState.FAILED if (
+            attempt.give_way is not None and not record.cancel_requested
+        ):
+            # Asked to give way: its end, by its own checkpoint-and-exit or by Ray's stop
+            # after the grace, is that preemption, whatever Ray calls it.
+            placed = _placed(attempt, status)
+            return _interrupted(record, placed, attempt.give_way, now, _gave_way(attempt))
         case RayJobState.STOPPED:
             return _cancelled(record, attempt, now, status.message)
         case RayJobState.FAILED:
             if record.cancel_requested:
                 return _cancelled(record, attempt, now, status.message)
-            message = status.message or "the job failed"
-            kind = classify_failure(status, checkpoint_requested=checkpoint_requested)
-            if kind is FailureKind.NODE_LOST:
-                cause = (
-                    InterruptionCause.PREEMPTED
-                    if checkpoint_requested
-                    else InterruptionCause.NODE_LOST
-                )
-                if checkpoint_requested and moving:
-                    cause = InterruptionCause.MOVED
-                return _interrupted(record, _placed(attempt, status), cause, now, message)
-            failed = _ended(attempt, AttemptState.FAILED, now, message)
-            failure = JobFailed(job_id=job_id, attempt=n, message=message[-8000:])
-            return Transition(
-                Reason.USER_ERROR,
-                _with_attempt(record, failed, JobState.FAILED, now),
-                (*_unseen_start(attempt, job_id), Fact(f"failed-{job_id}-{n}", failure)),
-            )
+            return _failed(
+                record, attempt, status, now, checkpoint_requested=checkpoint_requested,
+                moving=moving,
+            )  # fmt: skip
+
+
+def _failed(  # on_ray_status's inputs, passed on
+    record: JobRecord,
+    attempt: Attempt,
+    status: RayJobStatus,
+    now: datetime,
+    *,
+    checkpoint_requested: bool,
+    moving: bool,
+) -> Transition:
+    """Ray says the attempt failed: its capacity went (a preemption, a move, a lost node)
+    or its own code failed."""
+    job_id, n = record.job_id, attempt.number
+    message = status.message or "the job failed"
+    kind = classify_failure(status, checkpoint_requested=checkpoint_requested)
+    if kind is FailureKind.NODE_LOST:
+        cause = InterruptionCause.PREEMPTED if checkpoint_requested else InterruptionCause.NODE_LOST
+        if checkpoint_requested and moving:
+            cause = InterruptionCause.MOVED
+        return _interrupted(record, _placed(attempt, status), cause, now, message)
+    failed = _ended(attempt, AttemptState.FAILED, now, message)
+    failure = JobFailed(job_id=job_id, attempt=n, message=message[-8000:])
+    return Transition(
+        Reason.USER_ERROR,
+        _with_attempt(record, failed, JobState.FAILED, now),
+        (*_unseen_start(attempt, job_id), Fact(f"failed-{job_id}-{n}", failure)),
+    )
 
 
 def on_progress(record: JobRecord, report: ProgressReport | None, now: datetime) -> Transition:
@@ -537,10 +598,13 @@ def resume(record: JobRecord, resumed: JobResumed, now: datetime) -> Transition:
         if resumed.moved is not None:
             cause = InterruptionCause.MOVED
             message = f"moved to {resumed.capacity.value} capacity ({resumed.moved.value})"
+        if attempt.give_way is not None:
+            cause, message = attempt.give_way, _gave_way(attempt)
         interrupted = _interrupted(record, attempt, cause, now, message)
         record, facts = interrupted.record, interrupted.facts
     elif attempt.state is not AttemptState.LOST:
         return Transition(Reason.UNCHANGED, record)
+    lost = record.attempts[-1]
     following = Attempt(
         number=resumed.attempt,
         submission_id=submission_id(record.job_id, resumed.attempt),
@@ -549,6 +613,18 @@ def resume(record: JobRecord, resumed: JobResumed, now: datetime) -> Transition:
         resumed_from=resumed.from_checkpoint,
         from_step=resumed.from_step,
     )
+    if lost.cause in GIVE_WAY:
+        # It gave its quota away: it waits for quota again, and is no demand until then.
+        waiting = record.model_copy(
+            update={
+                "attempts": (*record.attempts, following),
+                "state": JobState.QUEUED,
+                "updated_at": now,
+                "waiting_for": f"{_gave_way(lost)}; it goes on from its checkpoint once its "
+                "team's quota allows",
+            }
+        )
+        return Transition(Reason.RESUMED, waiting, facts)
     moved = record.model_copy(
         update={
             "attempts": (*record.attempts, following),
@@ -561,6 +637,48 @@ def resume(record: JobRecord, resumed: JobResumed, now: datetime) -> Transition:
         Reason.RESUMED,
         moved,
         (*facts, Fact(f"queued-{record.job_id}-{following.number}", queued)),
+    )
+
+
+GIVE_WAY = frozenset({InterruptionCause.RECLAIMED, InterruptionCause.PRIORITY})
+"""Why the platform stops a job, checkpoint first, for other work (`shared.fairshare`)."""
+
+
+def _gave_way(attempt: Attempt) -> str:
+    why = {
+        InterruptionCause.RECLAIMED: "its team's borrowed quota was taken back",
+        InterruptionCause.PRIORITY: "a higher priority job of its team needed the room",
+    }.get(attempt.give_way or attempt.cause or InterruptionCause.PRIORITY, "")
+    return f"gave way to {attempt.give_way_for or 'another job'}: {why}"
+
+
+def give_way(
+    record: JobRecord, cause: InterruptionCause, for_job: str, now: datetime
+) -> JobRecord | None:
+    """The record with its current attempt asked to checkpoint and stop for `for_job`;
+    None when there is no live attempt to ask (or it was asked already)."""
+    attempt = record.current
+    if (
+        not record.is_active
+        or attempt is None
+        or attempt.state not in (AttemptState.SUBMITTED, AttemptState.RUNNING)
+        or attempt.give_way is not None
+    ):
+        return None
+    asked = attempt.model_copy(
+        update={"give_way": cause, "give_way_asked_at": now, "give_way_for": for_job}
+    )
+    return _with_attempt(record, asked, record.state, now)
+
+
+def give_way_overdue(attempt: Attempt, now: datetime, grace_s: float) -> bool:
+    """An attempt asked to give way that has not stopped within the grace period: Ray
+    stops it, and it goes on from the last checkpoint it wrote."""
+    asked = attempt.give_way_asked_at
+    return (
+        asked is not None
+        and attempt.state in (AttemptState.SUBMITTED, AttemptState.RUNNING)
+        and (now - asked).total_seconds() >= grace_s
     )
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Protocol
 
 from services.submitter.model import JobRecord, RayJobStatus, SubmissionPlan
-from shared.checkpoints import ProgressReport, StopAsk
+from shared.checkpoints import CheckpointRequest, ProgressReport, StopAsk
 from shared.events.types import ObjectRef
 from shared.teams import TeamHolds, Teams, TeamsStatus
 
@@ -63,6 +63,10 @@ class ProgressReader(Protocol):
     async def stop_asked(self, checkpoint_uri: str, attempt: int) -> StopAsk:
         """Whether the platform asked `attempt` to checkpoint and stop (CHECKPOINT_NOW), and
         why: its node goes, or the job moves to other capacity."""
+        ...
+
+    async def request_stop(self, checkpoint_uri: str, request: CheckpointRequest) -> None:
+        """Ask the attempt to checkpoint and stop (CHECKPOINT_NOW), to give way."""
         ...
 
 

@@ -37,6 +37,17 @@ class SubmitterSettings(RuntimeSettings):
         validation_alias=AliasChoices("SPOTRAIN_SUBMITTER_TEAMS_FILE", "SPOTRAIN_TEAMS_FILE"),
     )
     """The teams file (TOML, shared/teams.py); unset: no teams, per-owner limits only."""
+    min_runtime_before_preemption_s: float = Field(
+        300.0,
+        ge=0,
+        validation_alias=AliasChoices(
+            "SPOTRAIN_SUBMITTER_MIN_RUNTIME_BEFORE_PREEMPTION_S",
+            "SPOTRAIN_MIN_RUNTIME_BEFORE_PREEMPTION_S",
+        ),
+    )
+    """No job gives way to other work (reclaim, priority) before its attempt ran this long."""
+    give_way_grace_s: float = Field(120.0, gt=0)
+    """How long a job asked to give way has to checkpoint and stop before Ray stops it."""
     track_interval_s: float = Field(1.0, gt=0)
     max_concurrency: int = Field(8, ge=1)
 

@@ -190,6 +190,8 @@ def show(job_id: str) -> None:
     if record is not None:
         out.print_json(record.model_dump_json(exclude={"request": {"env"}}))
     out.print(_cost_line(spent))
+    if record is not None and record.is_active and record.waiting_for is not None:
+        out.print(f"waiting for quota: {record.waiting_for}")
     if record is not None and record.request.deadline is not None:
         out.print(_deadline_line(record, datetime.now(UTC)))
     table = Table("time", "event", "source", "details")

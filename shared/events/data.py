@@ -173,6 +173,11 @@ class InterruptionCause(StrEnum):
     MOVED = "moved"
     """The platform stopped it to go on elsewhere (`job.resumed` with `moved`): not a loss,
     so it spends none of the job's restart budget."""
+    RECLAIMED = "reclaimed"
+    """The platform stopped it, checkpoint first, to give its team's borrowed quota back to
+    the team that lent it: not the job's loss either, and no restart budget spent."""
+    PRIORITY = "priority"
+    """The platform stopped it, checkpoint first, to run a higher priority job of its team."""
 
 
 class MoveReason(StrEnum):

@@ -229,6 +229,8 @@ def job_event(
             why = {
                 InterruptionCause.PREEMPTED: "its spot node was preempted",
                 InterruptionCause.MOVED: "the platform moved it to other capacity",
+                InterruptionCause.RECLAIMED: "its team's borrowed GPUs were taken back",
+                InterruptionCause.PRIORITY: "a higher priority job of its team needed the GPUs",
             }.get(cause, "its node was lost")
             return (
                 f":warning: {job} attempt {attempt} was interrupted: {why} "

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from services.submitter.model import JobRecord, RayJobState, RayJobStatus, SubmissionPlan
 from services.submitter.ports import Revision, StaleRevisionError
-from shared.checkpoints import ProgressReport, StopAsk
+from shared.checkpoints import CheckpointRequest, ProgressReport, StopAsk
 from shared.events.types import ObjectRef
 from shared.teams import TeamHolds, Teams, TeamsStatus
 
@@ -93,6 +93,9 @@ class FakeProgress:
 
     async def latest(self, checkpoint_uri: str) -> ProgressReport | None:
         return self.reports.get(checkpoint_uri)
+
+    async def request_stop(self, checkpoint_uri: str, request: CheckpointRequest) -> None:
+        self.checkpoint_requests.add((checkpoint_uri, request.attempt))
 
     async def stop_asked(self, checkpoint_uri: str, attempt: int) -> StopAsk:
         if (checkpoint_uri, attempt) in self.moves_requested:

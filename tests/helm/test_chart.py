@@ -36,6 +36,7 @@ from shared.resources import (
     capacity_resource,
     pool_resource,
 )
+from shared.teams import parse_teams
 from tests.helm.chart import (
     CHART,
     GKE_EXAMPLE,
@@ -885,3 +886,28 @@ def test_dashboards_become_configmaps_for_grafanas_sidecar(helm: Helm, tmp_path:
     (configmap,) = maps
     assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
     assert json.loads(configmap["data"]["test-overview.json"]) == dashboard
+
+
+def test_a_teams_file_reaches_the_submitter_and_parses(helm: Helm, tmp_path: Path) -> None:
+    """`teams` becomes the submitter's SPOTRAIN_TEAMS_FILE, mounted as a folder (so the
+    kubelet updates it in place and the submitter reads the edit); empty: no teams."""
+    text = '[teams.vision]\nmembers = ["alice"]\n[teams.vision.quota.spot]\nguaranteed_gpus = 8\n'
+    values = tmp_path / "teams-values.yaml"
+    values.write_text(json.dumps({"teams": text}))
+    manifests = helm.render(values=[values])
+    config = named(manifests, "ConfigMap", "spotrain-teams")
+    assert parse_teams(config["data"]["teams.toml"]).teams["vision"].members == ("alice",)
+    spec = named(manifests, "Deployment", "spotrain-submitter")["spec"]["template"]["spec"]
+    (container,) = spec["containers"]
+    assert env_of(container)["SPOTRAIN_TEAMS_FILE"] == "/etc/spotrain/teams.toml"
+    mount = next(m for m in container["volumeMounts"] if m["name"] == "teams")
+    assert mount == {"name": "teams", "mountPath": "/etc/spotrain", "readOnly": True}
+    assert "subPath" not in mount
+    volume = next(v for v in spec["volumes"] if v["name"] == "teams")
+    assert volume["configMap"]["name"] == "spotrain-teams"
+    plain = helm.render()
+    assert not [m for m in plain if m["metadata"]["name"] == "spotrain-teams"]
+    (container,) = named(plain, "Deployment", "spotrain-submitter")["spec"]["template"]["spec"][
+        "containers"
+    ]
+    assert "SPOTRAIN_TEAMS_FILE" not in env_of(container)

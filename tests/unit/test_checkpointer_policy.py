@@ -19,7 +19,7 @@ from services.checkpointer.model import (
     Resume,
     Skip,
 )
-from shared.events.data import JobRequested
+from shared.events.data import InterruptionCause, JobRequested
 from shared.events.types import CapacityClass
 from tests.events import NOW
 
@@ -99,6 +99,17 @@ def test_the_restart_budget_is_spent_then_the_job_fails_with_the_reason() -> Non
     assert isinstance(decision, GiveUp)
     assert decision.failed.attempt == 3
     assert "lost its capacity 3 times; its restart budget is 2" in decision.failed.message
+
+
+def test_giving_way_to_other_work_spends_no_restart_budget_and_keeps_the_capacity() -> None:
+    """Reclaimed and priority stops are the platform's own, like moves: a job that gave way
+    many times is still resumed, on the capacity it had, whatever the record says yet."""
+    gave_way = [attempt(n, AttemptState.LOST, cause=InterruptionCause.PRIORITY) for n in (1, 2, 3)]
+    job = record(*gave_way, attempt(4, AttemptState.RUNNING), max_restarts=0)
+    decision = policy.recover(job, 4, CKPT, CONFIG, platform_stop=True)
+    assert isinstance(decision, Resume)
+    assert decision.resumed.capacity is CapacityClass.ANY, "no fallback to on-demand"
+    assert isinstance(policy.recover(job, 4, CKPT, CONFIG), GiveUp), "a real loss counts"
 
 
 def test_an_any_job_moves_to_on_demand_after_repeated_losses_and_stays() -> None:

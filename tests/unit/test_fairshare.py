@@ -264,3 +264,17 @@ def test_a_team_within_its_guarantee_always_gets_it_back(lenders: list[int], gpu
         freed = sum(v.gpus for v in decision.victims)
         free = 8 - sum(h.gpus for h in holdings)
         assert freed >= gpus - free
+
+
+def test_a_high_priority_job_over_its_teams_limit_makes_room_in_its_own_team() -> None:
+    """The team holds all it may (8 + 8 borrowed): its lower-priority work gives way so
+    the urgent job fits the team's limit, though GPUs are free elsewhere."""
+    teams = Teams(teams={"a": team("a", 8, borrow=8), "b": team("b", 16)})
+    holdings = [held("a1", "a", 8, priority=5), held("a2", "a", 8, borrowed=True, priority=1)]
+    decision = place(ask("a", 4, priority=9), teams, holdings, min_runtime_s=MIN_RUNTIME_S)
+    assert decision == Preempt(
+        victims=(holdings[1],), cause=PreemptionCause.PRIORITY, borrowed=True
+    )
+    same = place(ask("a", 4, priority=1), teams, holdings, min_runtime_s=MIN_RUNTIME_S)
+    assert isinstance(same, Wait)
+    assert "over its 8 guaranteed + 8 it may borrow" in same.reason

@@ -16,12 +16,18 @@ from services.submitter.handlers import (
     admit_waiting,
     on_job_cancel_requested,
     on_job_requested,
+    on_job_resumed,
     track_attempts,
 )
 from services.submitter.model import RayJobState
 from services.submitter.policy import Quotas
 from shared.events import decode, new_event
-from shared.events.data import JobCancelRequested, RejectionReason
+from shared.events.data import (
+    InterruptionCause,
+    JobCancelRequested,
+    JobResumed,
+    RejectionReason,
+)
 from shared.events.types import CapacityClass
 from shared.messaging import Unhandleable
 from shared.messaging.memory import InMemoryBus
@@ -232,3 +238,104 @@ def cancel(job_id: str, by: str) -> Any:
 def ray_of(deps: Deps) -> FakeRay:
     assert isinstance(deps.ray, FakeRay)
     return deps.ray
+
+
+# --- preemption that checkpoints first ------------------------------------------------------
+
+
+def clock(deps: Deps) -> FixedClock:
+    assert isinstance(deps.clock, FixedClock)
+    return deps.clock
+
+
+async def running(deps: Deps, job_id: str, **fields: Any) -> None:
+    """Submit a job and let Ray start it, then let it run past the minimum runtime."""
+    await on_job_requested(job_requested(job_id, **fields), deps)
+    ray_of(deps).set(f"{job_id}-1", RayJobState.RUNNING, node="local-spot-0")
+    await track_attempts(deps)
+    assert store(deps).records[job_id][0].state.value == "running"
+
+
+def interrupted(deps: Deps, job_id: str) -> list[Any]:
+    return [d for kind, d in published(deps) if kind == "interrupted" and d.job_id == job_id]
+
+
+async def test_a_higher_priority_job_makes_a_lower_one_checkpoint_and_give_way(
+    deps: Deps,
+) -> None:
+    await running(deps, "low", **gpus(4, priority=2))
+    clock(deps).advance(timedelta(seconds=deps.min_runtime_before_preemption_s + 1))
+    await on_job_requested(job_requested("high", **gpus(4, owner="bob", priority=9)), deps)
+    assert of(deps, "high") == ["accepted", "queued"], "admitted on the room low gives"
+    assert set(holds(deps).holds.holds) == {"high"}
+    asked = store(deps).records["low"][0].current
+    assert asked is not None
+    assert (asked.give_way, asked.give_way_for) == (InterruptionCause.PRIORITY, "high")
+    progress = deps.progress
+    assert isinstance(progress, FakeProgress)
+    assert ("file:///checkpoints/low", 1) in progress.checkpoint_requests, "CHECKPOINT_NOW"
+
+    # It checkpoints and exits; Ray calls that a failure: it is the preemption.
+    ray_of(deps).set("low-1", RayJobState.FAILED, message="exit 1")
+    await track_attempts(deps)
+    [lost] = interrupted(deps, "low")
+    assert lost.cause is InterruptionCause.PRIORITY
+    # The checkpointer resumes it from its checkpoint: it waits for quota, no demand yet.
+    resumed = JobResumed(
+        job_id="low", attempt=2, from_checkpoint="file:///checkpoints/low/step-40",
+        from_step=40, capacity=CapacityClass.SPOT,
+    )  # fmt: skip
+    await on_job_resumed(new_event(resumed, source="tests", time=NOW), deps)
+    record = store(deps).records["low"][0]
+    assert record.waiting_for is not None
+    assert record.waiting_for.startswith("gave way to high: a higher priority job")
+    assert of(deps, "low")[-1] == "interrupted", "no job.queued while it waits"
+    assert [p.submission_id for p, _ in ray_of(deps).submitted] == ["low-1", "high-1"]
+    assert record.interruptions == 0, "a platform stop spends no restart budget"
+
+    ray_of(deps).set("high-1", RayJobState.SUCCEEDED)
+    await track_attempts(deps)
+    await admit_waiting(deps)
+    plan = ray_of(deps).submitted[-1][0]
+    assert plan.submission_id == "low-2"
+    assert plan.env_vars["SPOTRAIN_RESUME_FROM"] == "file:///checkpoints/low/step-40"
+    assert plan.entrypoint_label_selector == {}, "the node it left is healthy: no avoiding it"
+    assert of(deps, "low")[-1] == "queued"
+
+
+async def test_a_job_within_its_minimum_runtime_is_not_asked_yet(deps: Deps) -> None:
+    await running(deps, "low", **gpus(4, priority=2))
+    await on_job_requested(job_requested("high", **gpus(4, owner="bob", priority=9)), deps)
+    assert of(deps, "high") == ["accepted"]
+    current = store(deps).records["low"][0].current
+    assert current is not None
+    assert current.give_way is None
+
+
+async def test_one_that_does_not_stop_within_the_grace_is_stopped_by_ray(deps: Deps) -> None:
+    await running(deps, "low", **gpus(4, priority=2))
+    clock(deps).advance(timedelta(seconds=deps.min_runtime_before_preemption_s + 1))
+    await on_job_requested(job_requested("high", **gpus(4, owner="bob", priority=9)), deps)
+    await track_attempts(deps)
+    assert "low-1" not in ray_of(deps).stopped, "within the grace: it may still checkpoint"
+    clock(deps).advance(timedelta(seconds=deps.give_way_grace_s))
+    await track_attempts(deps)
+    assert "low-1" in ray_of(deps).stopped
+    await track_attempts(deps)
+    [lost] = interrupted(deps, "low")
+    assert lost.cause is InterruptionCause.PRIORITY, "stopped by Ray, still the preemption"
+    assert store(deps).records["low"][0].state.value == "interrupted"
+
+
+async def test_the_lender_takes_back_what_another_team_borrowed(deps: Deps) -> None:
+    await running(deps, "v-1", **gpus(4))
+    await running(deps, "v-2", **gpus(2, owner="bob"))  # borrowed from nlp's idle quota
+    clock(deps).advance(timedelta(seconds=deps.min_runtime_before_preemption_s + 1))
+    await on_job_requested(job_requested("c-1", **gpus(4, owner="carol")), deps)
+    assert of(deps, "c-1") == ["accepted", "queued"]
+    asked = store(deps).records["v-2"][0].current
+    assert asked is not None
+    assert asked.give_way is InterruptionCause.RECLAIMED
+    untouched = store(deps).records["v-1"][0].current
+    assert untouched is not None
+    assert untouched.give_way is None, "work on vision's own guarantee stays"

@@ -1,14 +1,17 @@
-"""`ProgressReader` on the checkpoint store (a local folder or a GCS bucket)."""
+"""`ProgressReader` on the checkpoint store (a local folder or a GCS bucket): progress
+and stop requests read, and a stop request written when a job must give way."""
 
 from __future__ import annotations
 
 import asyncio
 
 from shared.checkpoints import (
+    CheckpointRequest,
     ProgressReport,
     StopAsk,
     read_checkpoint_request,
     read_progress,
+    request_checkpoint,
     stop_ask,
 )
 
@@ -20,3 +23,6 @@ class StorageProgressReader:
     async def stop_asked(self, checkpoint_uri: str, attempt: int) -> StopAsk:
         raw = await asyncio.to_thread(read_checkpoint_request, checkpoint_uri)
         return stop_ask(raw, attempt)
+
+    async def request_stop(self, checkpoint_uri: str, request: CheckpointRequest) -> None:
+        await asyncio.to_thread(request_checkpoint, checkpoint_uri, request)
