@@ -109,6 +109,17 @@ class JobRecord(Frozen):
     waiting_for: str | None = None
     """Why a queued job has no attempt yet: its team's quota is taken. It gets its first
     attempt once the quota frees; None once admitted."""
+    max_hours: float | None = None
+    """The run time, all attempts together, at which the platform stops it (its
+    `--max-hours`, or on a team with a budget the default): what bounds its worst case."""
+
+    def ran_s(self, now: datetime) -> float:
+        """Run time of all its attempts so far."""
+        return sum(
+            ((a.ended_at or now) - a.started_at).total_seconds()
+            for a in self.attempts
+            if a.started_at is not None
+        )
 
     @property
     def job_id(self) -> str:

@@ -12,6 +12,7 @@ from shared.events.types import CapacityClass, Frozen
 
 STATUS_KEY = "status"
 SIGHTINGS_KEY = "sightings"
+SPEND_KEY = "spend"
 
 
 def pools_bucket(prefix: str) -> str:
@@ -54,6 +55,32 @@ class PoolsStatus(Frozen):
     cost_per_hour_usd: float
     pools: tuple[PoolStatus, ...]
     blocked_jobs: int
+
+
+class OwnersSpend(Frozen):
+    """What each owner's jobs cost since the start of the month, as the scaler's ledger
+    attributes it (`spotrain cost --by owner --since` the month's first day); written by
+    the scaler each cost pass, read by the submitter for team budgets."""
+
+    since: AwareDatetime
+    at: AwareDatetime
+    by_owner: dict[str, float]
+
+
+def gpu_hour_usd(status: PoolsStatus, capacity: CapacityClass) -> float | None:
+    """The dearest GPU-hour a job of this capacity could be billed (an `any` job may run on
+    either); None when no pool of it has said its shape."""
+    classes = (
+        {CapacityClass.SPOT, CapacityClass.ON_DEMAND}
+        if capacity is CapacityClass.ANY
+        else {capacity}
+    )
+    prices = [
+        pool.price_per_hour_usd / pool.gpus_per_node
+        for pool in status.pools
+        if pool.capacity in classes and pool.gpus_per_node
+    ]
+    return max(prices, default=None)
 
 
 class NodeSightings(Frozen):

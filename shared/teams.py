@@ -169,6 +169,9 @@ class TeamHold(Frozen):
     priority: int
     borrowed: bool
     since: AwareDatetime
+    worst_case_usd: float = 0.0
+    """What it may cost at most (GPUs x price x max hours), reserved against its team's
+    budget while it holds."""
 
 
 class TeamHolds(Frozen):

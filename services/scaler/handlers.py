@@ -24,7 +24,7 @@ from services.scaler.ports import (
     StatusBoard,
 )
 from shared.clock import Clock
-from shared.cost import CostFold, attributed, on_demand_counterpart
+from shared.cost import CostFold, attributed, month_start, on_demand_counterpart, spend_by_owner
 from shared.cost.attribution import SettledMemo
 from shared.cost.node_ends import OpenNode, closings, node_history
 from shared.deadline import SpotOutlook
@@ -48,7 +48,7 @@ from shared.events.data import (
 from shared.events.types import CapacityClass
 from shared.messaging import EventPublisher, HandlerWithDeps
 from shared.pool_knowledge import PoolRecord, PoolsKnowledge, observe
-from shared.pools import NodeSightings
+from shared.pools import NodeSightings, OwnersSpend
 
 SERVICE = "scaler"
 log = structlog.get_logger()
@@ -90,6 +90,9 @@ class Deps:
     """Every cost event folded so far; touched only by the cost pass, off the event loop."""
     settled_costs: SettledMemo = field(default_factory=dict)
     """The attribution of nodes that ended, kept from pass to pass (same thread)."""
+    settled_month: SettledMemo = field(default_factory=dict)
+    """The same for this month's window (owners' spend), started over each month."""
+    spend_since: datetime | None = None
     knowledge: dict[str, PoolRecord] = field(default_factory=dict)
     """What has been learnt of each pool, by this process and those before it."""
 
@@ -464,13 +467,23 @@ async def measure_costs(deps: Deps) -> None:
     # this process knows every open node's (before, up to now).
     seen = dict(deps.last_seen) if deps.recovered else None
 
-    def attribute() -> metrics.Samples:
+    since = month_start(now)
+    if deps.spend_since != since:
+        deps.settled_month.clear()
+        deps.spend_since = since
+
+    def attribute() -> tuple[metrics.Samples, dict[str, float]]:
         for event in arrived:
             deps.costs.add(event)
         inputs = deps.costs.inputs({}, seen=seen)
-        return metrics.cost_samples(attributed(inputs, now=now, settled=deps.settled_costs))
+        samples = metrics.cost_samples(attributed(inputs, now=now, settled=deps.settled_costs))
+        month = attributed(inputs, now=now, since=since, settled=deps.settled_month)
+        return samples, spend_by_owner(month)
 
-    metrics.COSTS.replace(await asyncio.to_thread(attribute))
+    samples, spend = await asyncio.to_thread(attribute)
+    metrics.COSTS.replace(samples)
+    # Team budgets read it (the submitter): what each owner spent this month.
+    await deps.status.publish_spend(OwnersSpend(since=since, at=now, by_owner=spend))
 
 
 async def _publish(deps: Deps, data: EventData, event_id: str | None = None) -> None:

@@ -10,7 +10,7 @@ from services.scaler.model import Demand, ObservedNode, PoolSpec, ProvidedNode, 
 from shared.cost.node_ends import NodeEnd
 from shared.events import Event
 from shared.pool_knowledge import PoolsKnowledge
-from shared.pools import NodeSightings, PoolsStatus
+from shared.pools import NodeSightings, OwnersSpend, PoolsStatus
 
 
 class PoolProvider(Protocol):
@@ -79,6 +79,10 @@ class StatusBoard(Protocol):
 
     async def sightings(self) -> NodeSightings | None:
         """What the last `publish_sightings` wrote (by this process or one before it)."""
+        ...
+
+    async def publish_spend(self, spend: OwnersSpend) -> None:
+        """What each owner spent this month, for team budgets."""
         ...
 
     async def publish_knowledge(self, knowledge: PoolsKnowledge) -> None:

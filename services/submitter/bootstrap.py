@@ -6,6 +6,7 @@ from contextlib import AsyncExitStack
 
 from services.submitter import metrics
 from services.submitter.adapters.kv_job_store import KvJobStore
+from services.submitter.adapters.pools_reader import KvPoolsReader
 from services.submitter.adapters.progress import StorageProgressReader
 from services.submitter.adapters.ray_jobs import RayJobSubmission
 from services.submitter.adapters.team_holds import KvTeamHolds
@@ -55,6 +56,8 @@ async def bootstrap(bus: EventBus, stack: AsyncExitStack) -> ServiceDefinition:
         holds=holds,
         min_runtime_before_preemption_s=settings.min_runtime_before_preemption_s,
         give_way_grace_s=settings.give_way_grace_s,
+        pools=KvPoolsReader(js, bus.prefix) if teams is not None else None,
+        default_max_hours=settings.default_max_hours,
     )
 
     async def track() -> None:

@@ -17,6 +17,7 @@ from services.submitter.model import Attempt, AttemptState, JobRecord, JobState,
 from services.submitter.policy import Quotas, Reason, Transition
 from services.submitter.ports import (
     JobStore,
+    PoolsReader,
     ProgressReader,
     RayJobs,
     Revision,
@@ -39,7 +40,10 @@ from shared.events.data import (
     JobResumed,
     RejectionReason,
 )
+from shared.events.types import CapacityClass
 from shared.messaging import EventPublisher, HandlerWithDeps, RetryLater, Unhandleable
+from shared.pools import gpu_hour_usd
+from shared.teams import Teams
 
 SERVICE = "submitter"
 log = structlog.get_logger()
@@ -69,6 +73,10 @@ class Deps:
     """No job gives way for other work before its attempt has run this long."""
     give_way_grace_s: float = 120.0
     """How long a job asked to give way has to checkpoint and stop before Ray stops it."""
+    pools: PoolsReader | None = None
+    """Prices and owners' spend, for team budgets."""
+    default_max_hours: float = 24.0
+    """The hours a job without `--max-hours` is held to on a team with a budget."""
 
 
 async def on_job_requested(event: Event[JobRequested], deps: Deps) -> None:
@@ -208,6 +216,8 @@ async def track_attempts(deps: Deps) -> None:
             and record.waiting_for is None
         ):
             with structlog.contextvars.bound_contextvars(job_id=record.job_id):
+                if await _stop_past_max_hours(record, revision, attempt, deps):
+                    continue  # tracked from its new revision on the next pass
                 if policy.give_way_overdue(attempt, deps.clock.now(), deps.give_way_grace_s):
                     # It did not checkpoint and stop in time: Ray stops it, and it goes on
                     # from the last checkpoint it wrote.
@@ -215,6 +225,23 @@ async def track_attempts(deps: Deps) -> None:
                 await _track(record, attempt, revision, deps)
     # As read at the start of the pass: what this pass changed shows on the next.
     metrics.RECORDS.replace(metrics.record_samples(record for record, _ in records))
+
+
+async def _stop_past_max_hours(
+    record: JobRecord, revision: Revision, attempt: Attempt, deps: Deps
+) -> bool:
+    """Stop a job that ran past its max hours (it ends cancelled, with the reason); whether
+    the record moved."""
+    stopping = policy.past_max_hours(record, deps.clock.now())
+    if stopping is None:
+        return False
+    try:
+        await deps.store.update(stopping, revision)
+    except StaleRevisionError:
+        return True  # the next pass sees what moved it
+    log.info("job.max_hours_reached", max_hours=record.max_hours)
+    await deps.ray.stop(attempt.submission_id)
+    return True
 
 
 async def _track(record: JobRecord, attempt: Attempt, revision: Revision, deps: Deps) -> None:
@@ -276,18 +303,17 @@ async def _admit_alone(event: Event[JobRequested], deps: Deps) -> tuple[JobRecor
     decision = policy.admit(
         request, owner_gpus_in_use=in_use, quotas=deps.quotas, now=deps.clock.now()
     )
-    team = None
+    found_team = deps.teams.current().team_of(request.owner) if deps.teams is not None else None
     if isinstance(decision, policy.Accept) and deps.teams is not None:
         decision = await _admit_in_team(request, records, deps)
-        found_team = deps.teams.current().team_of(request.owner)
-        team = found_team.name if found_team is not None else None
     record = policy.new_record(
         request,
         event.id,
         decision,
         deps.clock.now(),
         checkpoint_uri=policy.checkpoint_uri(deps.checkpoint_root, request.job_id),
-        team=team,
+        team=found_team.name if found_team is not None else None,
+        max_hours=policy.max_hours_of(request, found_team, deps.default_max_hours),
     )
     revision = await deps.store.create(record)
     if revision is not None and record.state is JobState.REJECTED:
@@ -314,6 +340,7 @@ async def _admit_in_team(
         msg = "team admission needs the teams file and the holds"
         raise RuntimeError(msg)
     teams = deps.teams.current()
+    money = await _money(teams, deps)
     for _ in range(_HOLD_TRIES):
         holds, revision = await deps.holds.read()
         now = deps.clock.now()
@@ -325,6 +352,7 @@ async def _admit_in_team(
             now,
             records=records,
             min_runtime_s=deps.min_runtime_before_preemption_s,
+            money=money,
         )
         if after == holds:
             return decision
@@ -338,6 +366,20 @@ async def _admit_in_team(
                 await _ask_to_give_way(victim, decision.cause, request.job_id, deps)
         return decision
     raise RetryLater(0.2, f"the team holds kept changing while {request.job_id} was admitted")
+
+
+async def _money(teams: Teams, deps: Deps) -> policy.Money | None:
+    """What budgets are weighed with, when any team has one and the scaler has said."""
+    if deps.pools is None or all(t.monthly_budget_usd is None for t in teams.teams.values()):
+        return None
+    status, spend = await deps.pools.status(), await deps.pools.spend()
+    if status is None or spend is None:
+        return None
+    return policy.Money(
+        spent_by_owner=spend.by_owner,
+        gpu_hour_usd={capacity: gpu_hour_usd(status, capacity) for capacity in CapacityClass},
+        default_max_hours=deps.default_max_hours,
+    )
 
 
 async def _ask_to_give_way(job_id: str, cause: InterruptionCause, for_job: str, deps: Deps) -> None:
@@ -418,8 +460,11 @@ async def admit_waiting(deps: Deps) -> None:
                     with contextlib.suppress(StaleRevisionError):
                         await deps.store.update(updated, revisions[record.job_id])
     holds, _ = await deps.holds.read()
+    teams = deps.teams.current()
+    money = await _money(teams, deps)
+    spent = money.spent_by_owner if money is not None else None
     await deps.holds.publish_status(
-        policy.teams_status(deps.teams.current(), holds, records.values(), deps.clock.now())
+        policy.teams_status(teams, holds, records.values(), deps.clock.now(), spent)
     )
 
 

@@ -36,11 +36,21 @@ from shared.events.data import (
     JobSucceeded,
     RejectionReason,
 )
-from shared.events.types import Frozen
-from shared.fairshare import Ask, Holding, Never, Preempt, PreemptionCause, Wait, place
+from shared.events.types import CapacityClass, Frozen
+from shared.fairshare import (
+    Ask,
+    Holding,
+    Never,
+    Preempt,
+    PreemptionCause,
+    Wait,
+    budget_refusal,
+    place,
+    worst_case_usd,
+)
 from shared.jobs import bundles_of, deadline_refusal, work_left_s
 from shared.resources import NODE_LABEL, RESOURCE_PER_JOB, capacity_resource
-from shared.teams import TeamHold, TeamHolds, Teams, TeamsStatus, quota_class
+from shared.teams import TeamHold, TeamHolds, Teams, TeamSpec, TeamsStatus, quota_class
 
 
 class Quotas(Frozen):
@@ -111,9 +121,11 @@ def admit_in_team(  # the decision's inputs, each named
     *,
     records: Mapping[str, JobRecord],
     min_runtime_s: float,
+    money: Money | None = None,
 ) -> tuple[Admission, TeamHolds]:
-    """A request under the teams file: refused when its owner has no team or it is larger
-    than the team can ever hold; admitted with a hold on the team's quota (guaranteed or
+    """A request under the teams file: refused when its owner has no team, it is larger
+    than the team can ever hold, or its worst-case cost does not fit what is left of the
+    team's monthly budget; admitted with a hold on the team's quota (guaranteed or
     borrowed), at once or by taking the holds of jobs that must give way (borrowed work
     reclaimed, lower priority work of its team), which are then asked to checkpoint and
     stop; else it waits, with the reason. Returns the holds to write back."""
@@ -130,6 +142,15 @@ def admit_in_team(  # the decision's inputs, each named
     decision = place(ask, teams, holdings_of(holds, records, now), min_runtime_s=min_runtime_s)
     if isinstance(decision, Never):
         return Reject(RejectionReason.QUOTA_EXCEEDED, decision.reason), holds
+    worst = 0.0
+    if team.monthly_budget_usd is not None:
+        price = money.gpu_hour_usd.get(request.capacity) if money is not None else None
+        if money is None or price is None:
+            return WaitForQuota(_UNPRICED), holds
+        worst = worst_case_usd(gpus, price, request.max_hours or money.default_max_hours)
+        refused = _over_budget(team, holds, money, worst)
+        if refused is not None:
+            return refused, holds
     if isinstance(decision, Wait):
         return WaitForQuota(decision.reason), holds
     victims: tuple[str, ...] = ()
@@ -151,9 +172,50 @@ def admit_in_team(  # the decision's inputs, each named
         priority=request.priority,
         borrowed=decision.borrowed,
         since=now,
+        worst_case_usd=worst,
     )
     admitted = Accept(gpus=gpus, preempting=victims, cause=cause)
     return admitted, TeamHolds(holds={**holds.holds, request.job_id: hold})
+
+
+@dataclass(frozen=True)
+class Money:
+    """What team budgets are weighed with: the ledger's spend per owner this month (the
+    scaler's), the dearest GPU-hour per requested capacity (its pools), and the hours a job
+    without `--max-hours` is held to on a team with a budget."""
+
+    spent_by_owner: Mapping[str, float]
+    gpu_hour_usd: Mapping[CapacityClass, float | None]
+    default_max_hours: float
+
+
+def max_hours_of(request: JobRequested, team: TeamSpec | None, default: float) -> float | None:
+    """The hours the platform stops a job at: its own `--max-hours`, else, on a team with a
+    budget, the default (its worst case must be bounded to be admitted)."""
+    if request.max_hours is not None:
+        return request.max_hours
+    return default if team is not None and team.monthly_budget_usd is not None else None
+
+
+_UNPRICED = (
+    "its team has a budget and the platform does not know its GPU prices or spend yet (the "
+    "scaler reports them)"
+)
+
+
+def _over_budget(
+    team: TeamSpec, holds: TeamHolds, money: Money, worst: float
+) -> Reject | WaitForQuota | None:
+    """Refused when even with nothing else running the job does not fit the budget; waits
+    while the worst cases of the team's running jobs are what does not fit."""
+    spent = sum(money.spent_by_owner.get(member, 0.0) for member in team.members)
+    reserved = sum(h.worst_case_usd for h in holds.holds.values() if h.team == team.name)
+    refusal = budget_refusal(team, spent_usd=spent, reserved_usd=reserved, worst_case_usd=worst)
+    if refusal is None:
+        return None
+    if budget_refusal(team, spent_usd=spent, reserved_usd=0.0, worst_case_usd=worst):
+        return Reject(RejectionReason.OVER_BUDGET, refusal)
+    return WaitForQuota(refusal)
 
 
 def holdings_of(holds: TeamHolds, records: Mapping[str, JobRecord], now: datetime) -> list[Holding]:
@@ -221,13 +283,23 @@ def waiting_order(records: Iterable[JobRecord]) -> list[JobRecord]:
 
 
 def teams_status(
-    teams: Teams, holds: TeamHolds, records: Iterable[JobRecord], now: datetime
+    teams: Teams,
+    holds: TeamHolds,
+    records: Iterable[JobRecord],
+    now: datetime,
+    spent_by_owner: Mapping[str, float] | None = None,
 ) -> TeamsStatus:
     waiting: dict[str, int] = {}
     for record in records:
         if record.is_active and record.waiting_for is not None and record.team is not None:
             waiting[record.team] = waiting.get(record.team, 0) + 1
-    return TeamsStatus(teams=teams, holds=holds, waiting=waiting, at=now)
+    spent = {}
+    if spent_by_owner is not None:
+        spent = {
+            name: sum(spent_by_owner.get(member, 0.0) for member in team.members)
+            for name, team in teams.teams.items()
+        }
+    return TeamsStatus(teams=teams, holds=holds, waiting=waiting, spent_usd=spent, at=now)
 
 
 def quota_freed(record: JobRecord, now: datetime) -> JobRecord:
@@ -248,6 +320,7 @@ def new_record(
     *,
     checkpoint_uri: str,
     team: str | None = None,
+    max_hours: float | None = None,
 ) -> JobRecord:
     """The first record of a job: rejected with its reason, waiting for its team's quota
     (no attempt yet), or queued with attempt 1."""
@@ -261,6 +334,7 @@ def new_record(
             checkpoint_uri=checkpoint_uri,
             team=team,
             waiting_for=decision.reason,
+            max_hours=max_hours,
         )
     if isinstance(decision, Reject):
         return JobRecord(
@@ -283,6 +357,7 @@ def new_record(
         attempts=(first,),
         checkpoint_uri=checkpoint_uri,
         team=team,
+        max_hours=max_hours,
     )
 
 
@@ -669,6 +744,20 @@ def give_way(
         update={"give_way": cause, "give_way_asked_at": now, "give_way_for": for_job}
     )
     return _with_attempt(record, asked, record.state, now)
+
+
+def past_max_hours(record: JobRecord, now: datetime) -> JobRecord | None:
+    """The record of a job that ran past its max hours, asked to stop (it ends cancelled,
+    with the reason); None while it may run on."""
+    if (
+        record.max_hours is None
+        or record.cancel_requested
+        or not record.is_active
+        or record.ran_s(now) < record.max_hours * 3600
+    ):
+        return None
+    detail = f"stopped after {record.max_hours:g} h of running, its limit (--max-hours)"
+    return record.model_copy(update={"cancel_requested": True, "detail": detail, "updated_at": now})
 
 
 def give_way_overdue(attempt: Attempt, now: datetime, grace_s: float) -> bool:

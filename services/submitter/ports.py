@@ -8,6 +8,7 @@ from typing import Protocol
 from services.submitter.model import JobRecord, RayJobStatus, SubmissionPlan
 from shared.checkpoints import CheckpointRequest, ProgressReport, StopAsk
 from shared.events.types import ObjectRef
+from shared.pools import OwnersSpend, PoolsStatus
 from shared.teams import TeamHolds, Teams, TeamsStatus
 
 Revision = int
@@ -83,6 +84,16 @@ class TeamsSource(Protocol):
 
     def current(self) -> Teams:
         """The last valid teams: a file that turned bad since is logged and not used."""
+        ...
+
+
+class PoolsReader(Protocol):
+    """The scaler's `pools` bucket, read for team budgets: prices, and owners' spend."""
+
+    async def status(self) -> PoolsStatus | None: ...
+
+    async def spend(self) -> OwnersSpend | None:
+        """What each owner spent this month by the ledger; None before the scaler said."""
         ...
 
 

@@ -94,6 +94,14 @@ def submit(  # noqa: PLR0917  # a typer command: its options are its parameters
         str | None,
         typer.Option(help="Expected run time, uninterrupted (6h), until the job says its pace."),
     ] = None,
+    max_hours: Annotated[
+        float | None,
+        typer.Option(
+            min=0.001,
+            help="Stop the job after this many hours of running; a team with a budget "
+            "admits it at GPUs x price x these hours.",
+        ),
+    ] = None,
 ) -> None:
     """Submit a training job; prints its id on the last line."""
     if not workdir.is_dir():
@@ -369,6 +377,7 @@ def request_fields(params: Mapping[str, Any], entrypoint: list[str]) -> dict[str
         "pip": tuple(params["pip"] or ()),
         "deadline": _deadline(params.get("deadline"), params.get("within"), datetime.now(UTC)),
         "estimate_s": duration_s(estimate) if estimate else None,
+        "max_hours": params.get("max_hours"),
     }
 
 

@@ -13,6 +13,8 @@ from shared.cost.ledger import (
     attributed,
     fold,
     ledger,
+    month_start,
+    spend_by_owner,
 )
 from shared.cost.pricing import (
     PoolPrice,
@@ -49,6 +51,8 @@ __all__ = [
     "ledger",
     "load_catalog",
     "load_overrides",
+    "month_start",
     "on_demand_counterpart",
+    "spend_by_owner",
     "total",
 ]

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
-from datetime import datetime
+from datetime import UTC, datetime
 from fractions import Fraction
 from typing import Any
 
@@ -88,6 +88,24 @@ class Ledger:
     attribution: Attribution
     start: datetime
     end: datetime
+
+
+def spend_by_owner(ledger: Ledger) -> dict[str, float]:
+    """What each owner's attempts cost inside the ledger's window; idle capacity is nobody's
+    (it is the platform's: a team's budget pays for what its jobs held)."""
+    owners = {job_id: info.owner for job_id, info in ledger.inputs.jobs.items()}
+    spent: dict[str, Fraction] = {}
+    for charge in ledger.attribution.charges:
+        owner = owners.get(charge.job_id) if charge.job_id is not None else None
+        if owner is not None:
+            spent[owner] = spent.get(owner, ZERO) + charge.cost_usd
+    return {owner: float(usd) for owner, usd in sorted(spent.items())}
+
+
+def month_start(now: datetime) -> datetime:
+    """The first instant of `now`'s month, in UTC: where a monthly budget starts over."""
+    utc = now.astimezone(UTC)
+    return utc.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
 
 
 def ledger(

@@ -76,6 +76,9 @@ class JobRequested(EventData):
     estimate_s: Annotated[int, Field(ge=1, le=366 * 86_400)] | None = None
     """The run time the submitter expects on uninterrupted capacity, until the job reports
     its own pace."""
+    max_hours: Annotated[float, Field(gt=0, le=366 * 24)] | None = None
+    """The longest the job may run, all attempts together; the platform stops it there. A
+    team with a budget admits it at its worst case: GPUs x price x max hours."""
 
 
 class JobAccepted(EventData):
@@ -98,6 +101,8 @@ class RejectionReason(StrEnum):
     """Its deadline has passed, or its estimate does not fit before it even on on-demand."""
     NO_TEAM = "no-team"
     """The platform runs with teams and the owner is in none."""
+    OVER_BUDGET = "over-budget"
+    """The job's worst-case cost does not fit what is left of its team's monthly budget."""
 
 
 class JobRejected(EventData):

@@ -389,6 +389,7 @@ TABLE: tuple[RoleSpec, ...] = (
         WritesBucket(Bucket.JOBS),
         WritesBucket(Bucket.TEAMS),
         ReadsObjects(Bucket.WORKSPACES),
+        ReadsBucket(Bucket.POOLS, listing=False),  # prices and spend, for team budgets
     ),
     _service(
         Role.SCALER,

@@ -10,7 +10,7 @@ from services.scaler.ports import ObservedNode, ProvidedNode
 from shared.cost.node_ends import NodeEnd
 from shared.events.data import NodeEndSource
 from shared.pool_knowledge import PoolsKnowledge
-from shared.pools import NodeSightings, PoolsStatus
+from shared.pools import NodeSightings, OwnersSpend, PoolsStatus
 from tests.fakes.clock import FixedClock
 
 
@@ -110,6 +110,10 @@ class RecordingStatusBoard:
         self.latest: PoolsStatus | None = None
         self.latest_sightings: NodeSightings | None = None
         self.latest_knowledge: PoolsKnowledge | None = None
+        self.latest_spend: OwnersSpend | None = None
+
+    async def publish_spend(self, spend: OwnersSpend) -> None:
+        self.latest_spend = spend
 
     async def publish_status(self, status: PoolsStatus) -> None:
         self.latest = status

@@ -9,6 +9,7 @@ from services.submitter.model import JobRecord, RayJobState, RayJobStatus, Submi
 from services.submitter.ports import Revision, StaleRevisionError
 from shared.checkpoints import CheckpointRequest, ProgressReport, StopAsk
 from shared.events.types import ObjectRef
+from shared.pools import OwnersSpend, PoolsStatus
 from shared.teams import TeamHolds, Teams, TeamsStatus
 
 
@@ -140,3 +141,17 @@ class InMemoryTeamHolds:
 
     async def publish_status(self, status: TeamsStatus) -> None:
         self.status = status
+
+
+class FixedPools:
+    """The scaler's pools bucket as a test sets it: prices, and owners' spend."""
+
+    def __init__(self, status: PoolsStatus | None = None, spend: OwnersSpend | None = None) -> None:
+        self.latest_status = status
+        self.latest_spend = spend
+
+    async def status(self) -> PoolsStatus | None:
+        return self.latest_status
+
+    async def spend(self) -> OwnersSpend | None:
+        return self.latest_spend

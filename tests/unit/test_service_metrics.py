@@ -7,7 +7,7 @@ import asyncio
 import io
 from collections import defaultdict
 from collections.abc import AsyncIterator, Callable, Sequence
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -48,7 +48,7 @@ from shared.jobs import Attempt
 from shared.runtime.metrics import GaugeSpec, Snapshot
 from tests.events import NOW, job_requested
 from tests.fakes.clock import FixedClock
-from tests.fakes.scaler import FakeCluster
+from tests.fakes.scaler import FakeCluster, RecordingStatusBoard
 from tests.unit.test_checkpointer_handlers import deps as checkpointer_deps  # noqa: F401
 from tests.unit.test_cost_attribution import scenarios, window
 from tests.unit.test_cost_ledger import Story
@@ -161,6 +161,30 @@ async def test_cost_accrued_is_the_ledger_of_the_events_read_by_experiment_and_p
     assert exported == pytest.approx(float(expected.attribution.cost_usd))
     assert value("spotrain_gpu_hours", experiment="exp", pool="gpu-spot") == pytest.approx(0.5)
     assert value("spotrain_saving_vs_on_demand_usd", experiment="exp", pool="gpu-spot") > 0
+    board = deps.status
+    assert isinstance(board, RecordingStatusBoard)
+    assert board.latest_spend is not None
+    assert board.latest_spend.by_owner == pytest.approx({"ann": 0.72 / 2 / 2})
+
+
+async def test_owners_spend_counts_this_month_only() -> None:
+    """Team budgets are monthly: an attempt across midnight on the 1st counts from then."""
+    s = Story(datetime(2026, 11, 30, 23, 30, tzinfo=UTC))
+    events = [
+        s.launched("n1", 0),
+        s.requested("job-a", "ann", "exp"),
+        s.started("job-a", 1, "n1", at=0),
+        s.ev(JobSucceeded(job_id="job-a", attempt=1), 3600),
+    ]
+    clock = FixedClock(s.t(3600))
+    deps = make_deps(clock, FakeCluster(clock))
+    await follow_costs(ListFeed(events), deps, asyncio.Event())
+    await measure_costs(deps)
+    board = deps.status
+    assert isinstance(board, RecordingStatusBoard)
+    assert board.latest_spend is not None
+    assert board.latest_spend.since == datetime(2026, 12, 1, tzinfo=UTC)
+    assert board.latest_spend.by_owner == pytest.approx({"ann": 0.72 / 2 / 2})
 
 
 async def test_events_that_arrive_after_a_pass_count_in_the_next() -> None:

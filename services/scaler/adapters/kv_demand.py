@@ -12,7 +12,14 @@ from nats.js.kv import KeyValue
 
 from services.scaler.model import Demand
 from shared.pool_knowledge import KNOWLEDGE_KEY, PoolsKnowledge
-from shared.pools import SIGHTINGS_KEY, STATUS_KEY, NodeSightings, PoolsStatus
+from shared.pools import (
+    SIGHTINGS_KEY,
+    SPEND_KEY,
+    STATUS_KEY,
+    NodeSightings,
+    OwnersSpend,
+    PoolsStatus,
+)
 
 
 class KvDemandStore:
@@ -69,6 +76,9 @@ class KvDemandStore:
         if not entry.value:
             return None
         return NodeSightings.model_validate_json(entry.value)
+
+    async def publish_spend(self, spend: OwnersSpend) -> None:
+        await self._kv.put(SPEND_KEY, spend.model_dump_json().encode())
 
     async def publish_knowledge(self, knowledge: PoolsKnowledge) -> None:
         await self._kv.put(KNOWLEDGE_KEY, knowledge.model_dump_json().encode())
