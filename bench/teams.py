@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -97,6 +98,7 @@ def one_preemption(
         "--", f"--steps={LOW_STEPS}", f"--step-delay-s={STEP_S}", "--report-every=1",
         f"--checkpoint-every={CHECKPOINT_EVERY}",
     ).split()[-1]  # fmt: skip
+    print(f"{mode}: low-priority job {low}", flush=True)
 
     async def story() -> LivePreemption:
         async with await SpotrainClient.connect(bus) as client:
@@ -133,7 +135,18 @@ def one_preemption(
 def restart_submitter(settings: LocalStackSettings, min_runtime_s: float) -> None:
     record = ProcessRecord(**json.loads((settings.run_dir / "submitter.json").read_text()))
     kill_node(record)
+    # The stack was started from this process: reap the killed child, or it lingers as a
+    # zombie that `up` takes for a running submitter.
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(record.pid, 0)
     os.environ["SPOTRAIN_MIN_RUNTIME_BEFORE_PREEMPTION_S"] = f"{min_runtime_s:g}"
+    for _ in range(40):  # until the killed process has let go of its port
+        try:
+            stack.up(settings)
+        except stack.StackError:
+            time.sleep(0.5)
+            continue
+        return
     stack.up(settings)
 
 
@@ -163,6 +176,12 @@ def live() -> list[LivePreemption]:
             # The baseline: no job runs long enough to be preempted.
             restart_submitter(settings, min_runtime_s=1e9)
             runs.append(one_preemption(settings, env, workdir, "none"))
+        except SystemExit:
+            for name in ("submitter", "scaler", "checkpointer"):
+                log = settings.log_dir / f"{name}.log"
+                lines = log.read_text().splitlines()[-15:] if log.exists() else []
+                print(f"--- {name}.log, last lines", *lines, sep="\n", file=sys.stderr)
+            raise
         finally:
             stack.down(settings)
     return runs
@@ -174,7 +193,11 @@ def main() -> int:
     p.add_argument("--limit", type=int, default=3000)
     p.add_argument("--gpus", type=int, default=400)
     p.add_argument("--no-live", action="store_true", help="the simulation only")
+    p.add_argument("--live-only", action="store_true", help="the local stack's part only")
     args = p.parse_args()
+    if args.live_only:
+        report_live(live())
+        return 0
     trace = read_trace(args.trace, limit=args.limit)
     teams = split_cluster(args.gpus, WEIGHTS, borrow=1.0)
     jobs = assign_teams(trace, len(WEIGHTS))
@@ -205,7 +228,11 @@ def main() -> int:
     )
     if args.no_live:
         return 0
-    runs = live()
+    report_live(live())
+    return 0
+
+
+def report_live(runs: list[LivePreemption]) -> None:
     print()
     print(f"{'preemption':<18} {'request to running (s)':>22} {'steps lost':>11} victim")
     for run in runs:
@@ -217,7 +244,6 @@ def main() -> int:
     print(f"priority_preemption_s: {first_live.preemption_s:.1f}")
     print(f"priority_victim_steps_lost: {first_live.victim_steps_lost}")
     print(f"priority_wait_s_no_preemption: {waited.preemption_s:.1f}")
-    return 0
 
 
 if __name__ == "__main__":
