@@ -88,7 +88,9 @@ def answers(deps: Deps, job_id: str) -> list[tuple[str, Any]]:
     bus = deps.bus
     assert isinstance(bus, InMemoryBus)
     events = [decode(m.data) for m in bus.messages]
-    return [(e.type.split(".")[2], e.data) for e in events if e.data.job_id == job_id]
+    return [
+        (e.type.split(".")[2], e.data) for e in events if getattr(e.data, "job_id", None) == job_id
+    ]
 
 
 def store(deps: Deps) -> InMemoryJobStore:
