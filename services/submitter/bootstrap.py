@@ -9,6 +9,7 @@ from services.submitter.adapters.kv_job_store import KvJobStore
 from services.submitter.adapters.pools_reader import KvPoolsReader
 from services.submitter.adapters.progress import StorageProgressReader
 from services.submitter.adapters.ray_jobs import RayJobSubmission
+from services.submitter.adapters.secret_files import SecretFiles
 from services.submitter.adapters.team_holds import KvTeamHolds
 from services.submitter.adapters.teams_file import TeamsFile
 from services.submitter.adapters.workspaces import ObjectStoreWorkspaces
@@ -58,6 +59,7 @@ async def bootstrap(bus: EventBus, stack: AsyncExitStack) -> ServiceDefinition:
         give_way_grace_s=settings.give_way_grace_s,
         pools=KvPoolsReader(js, bus.prefix) if teams is not None else None,
         default_max_hours=settings.default_max_hours,
+        secrets=SecretFiles(settings.secrets_dir),
     )
 
     async def track() -> None:

@@ -21,6 +21,7 @@ from services.submitter.ports import (
     ProgressReader,
     RayJobs,
     Revision,
+    Secrets,
     StaleRevisionError,
     TeamHoldStore,
     TeamsSource,
@@ -75,6 +76,8 @@ class Deps:
     """How long a job asked to give way has to checkpoint and stop before Ray stops it."""
     pools: PoolsReader | None = None
     """Prices and owners' spend, for team budgets."""
+    secrets: Secrets | None = None
+    """Where `--secret` names are looked up; None: a job naming one is refused."""
     default_max_hours: float = 24.0
     """The hours a job without `--max-hours` is held to on a team with a budget."""
 
@@ -303,6 +306,9 @@ async def _admit_alone(event: Event[JobRequested], deps: Deps) -> tuple[JobRecor
     decision = policy.admit(
         request, owner_gpus_in_use=in_use, quotas=deps.quotas, now=deps.clock.now()
     )
+    unknown = await _unknown_secrets(request, deps)
+    if unknown and isinstance(decision, policy.Accept):
+        decision = policy.Reject(RejectionReason.INVALID, policy.unknown_secrets_detail(unknown))
     found_team = deps.teams.current().team_of(request.owner) if deps.teams is not None else None
     if isinstance(decision, policy.Accept) and deps.teams is not None:
         decision = await _admit_in_team(request, records, deps)
@@ -484,11 +490,30 @@ async def _quota_freed(record: JobRecord, revision: Revision, deps: Deps) -> Job
     return admitted
 
 
+async def _unknown_secrets(request: JobRequested, deps: Deps) -> list[str]:
+    names = sorted(set(request.secrets.values()))
+    if not names:
+        return []
+    if deps.secrets is None:
+        return names
+    return [name for name in names if await deps.secrets.value(name) is None]
+
+
 async def _submit(record: JobRecord, attempt: Attempt, deps: Deps) -> None:
     working_dir = None
     if record.request.working_dir is not None:
         working_dir = await deps.workspaces.unpack(record.request.working_dir)
     plan = policy.plan_submission(record, attempt, checkpoint_uri=_checkpoint_uri(record, deps))
+    if record.request.secrets:
+        # Looked up now, for this submission only: the value goes to Ray and nowhere else.
+        values = {}
+        for variable, name in record.request.secrets.items():
+            value = await deps.secrets.value(name) if deps.secrets is not None else None
+            if value is None:
+                msg = f"the secret {name} of {record.job_id} is gone; the attempt waits for it"
+                raise RetryLater(5.0, msg)
+            values[variable] = value
+        plan = plan.model_copy(update={"env_vars": {**plan.env_vars, **values}})
     await deps.ray.submit(plan, working_dir)
     log.info("attempt.submitted", submission_id=plan.submission_id)
 

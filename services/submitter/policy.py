@@ -312,6 +312,14 @@ def quota_freed(record: JobRecord, now: datetime) -> JobRecord:
     return record.model_copy(update={"waiting_for": None, "attempts": (first,), "updated_at": now})
 
 
+def unknown_secrets_detail(names: Iterable[str]) -> str:
+    listed = ", ".join(names)
+    return (
+        f"the platform has no secret {listed} (a file of ~/.spotrain/secrets on the local "
+        "stack, a key of the chart's submitter secret on GKE)"
+    )
+
+
 def new_record(
     request: JobRequested,
     request_event_id: str,

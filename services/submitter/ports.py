@@ -87,6 +87,14 @@ class TeamsSource(Protocol):
         ...
 
 
+class Secrets(Protocol):
+    """The platform's secrets, by name (a folder of files, a mounted Kubernetes Secret)."""
+
+    async def value(self, name: str) -> str | None:
+        """The secret's value; None when the platform has no such secret."""
+        ...
+
+
 class PoolsReader(Protocol):
     """The scaler's `pools` bucket, read for team budgets: prices, and owners' spend."""
 

@@ -48,6 +48,8 @@ class SubmitterSettings(RuntimeSettings):
     """No job gives way to other work (reclaim, priority) before its attempt ran this long."""
     give_way_grace_s: float = Field(120.0, gt=0)
     """How long a job asked to give way has to checkpoint and stop before Ray stops it."""
+    secrets_dir: Path = Field(default_factory=lambda: _home("secrets"))
+    """One file per secret that jobs may name with `--secret` (a mounted Secret on GKE)."""
     default_max_hours: float = Field(24.0, gt=0)
     """On a team with a budget, the hours a job without `--max-hours` is held to."""
     track_interval_s: float = Field(1.0, gt=0)

@@ -72,6 +72,14 @@ def submit(  # noqa: PLR0917  # a typer command: its options are its parameters
     experiment: Annotated[str | None, typer.Option()] = None,
     label: Annotated[list[str] | None, typer.Option(help="KEY=VALUE, repeatable.")] = None,
     env: Annotated[list[str] | None, typer.Option(help="NAME=VALUE, repeatable.")] = None,
+    secret: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="ENVVAR=SECRET, repeatable: the attempt gets the platform's secret SECRET "
+            "as ENVVAR (a file of ~/.spotrain/secrets locally, a key of the chart's "
+            "Secret on GKE); its value never enters the bus, a record or a log."
+        ),
+    ] = None,
     pip: Annotated[list[str] | None, typer.Option(help="A pip requirement, repeatable.")] = None,
     workdir: Annotated[Path, typer.Option(help="Folder packed and shipped with the job.")] = Path(),
     job_id: Annotated[
@@ -374,6 +382,7 @@ def request_fields(params: Mapping[str, Any], entrypoint: list[str]) -> dict[str
         "checkpoint_interval_s": duration_s(every) if every else None,
         "labels": _pairs(list(params["label"] or []), "--label"),
         "env": _pairs(list(params["env"] or []), "--env"),
+        "secrets": _pairs(list(params.get("secret") or []), "--secret"),
         "pip": tuple(params["pip"] or ()),
         "deadline": _deadline(params.get("deadline"), params.get("within"), datetime.now(UTC)),
         "estimate_s": duration_s(estimate) if estimate else None,

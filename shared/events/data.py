@@ -8,9 +8,9 @@ except the `*_requested` ones, which are requests a service may refuse.
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Annotated, ClassVar
+from typing import Annotated, ClassVar, Self
 
-from pydantic import AwareDatetime, Field, field_validator
+from pydantic import AwareDatetime, Field, field_validator, model_validator
 
 from shared.events.types import (
     Attempt,
@@ -23,6 +23,7 @@ from shared.events.types import (
     LongText,
     Name,
     ObjectRef,
+    SecretName,
     ShortText,
     Step,
     Uri,
@@ -69,6 +70,11 @@ class JobRequested(EventData):
     env: Annotated[dict[EnvName, Annotated[str, Field(max_length=4096)]], Field(max_length=64)] = (
         Field(default_factory=dict)
     )
+    secrets: Annotated[dict[EnvName, SecretName], Field(max_length=32)] = Field(
+        default_factory=dict
+    )
+    """Environment variables the attempt gets from the platform's secrets, by name: the
+    values never enter the bus, a record or a log."""
     pip: Annotated[tuple[Annotated[str, Field(max_length=256)], ...], Field(max_length=64)] = ()
     deadline: AwareDatetime | None = None
     """When the result is needed: the platform picks spot or on-demand over the job's life
@@ -79,6 +85,14 @@ class JobRequested(EventData):
     max_hours: Annotated[float, Field(gt=0, le=366 * 24)] | None = None
     """The longest the job may run, all attempts together; the platform stops it there. A
     team with a budget admits it at its worst case: GPUs x price x max hours."""
+
+    @model_validator(mode="after")
+    def _secrets_are_not_env(self) -> Self:
+        both = sorted(set(self.env) & set(self.secrets))
+        if both:
+            msg = f"{both[0]} is set both as an environment variable and as a secret"
+            raise ValueError(msg)
+        return self
 
 
 class JobAccepted(EventData):

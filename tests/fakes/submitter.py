@@ -155,3 +155,13 @@ class FixedPools:
 
     async def spend(self) -> OwnersSpend | None:
         return self.latest_spend
+
+
+class FixedSecrets:
+    """The platform's secrets, by name, as a test sets them."""
+
+    def __init__(self, values: dict[str, str]) -> None:
+        self.values = values
+
+    async def value(self, name: str) -> str | None:
+        return self.values.get(name)

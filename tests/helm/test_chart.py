@@ -911,3 +911,15 @@ def test_a_teams_file_reaches_the_submitter_and_parses(helm: Helm, tmp_path: Pat
         "containers"
     ]
     assert "SPOTRAIN_TEAMS_FILE" not in env_of(container)
+
+
+def test_job_secrets_are_mounted_into_the_submitter_only(helm: Helm) -> None:
+    manifests = helm.render(sets={**REQUIRED_SETS, "submitter.secretsName": "ml-secrets"})
+    spec = named(manifests, "Deployment", "spotrain-submitter")["spec"]["template"]["spec"]
+    (container,) = spec["containers"]
+    assert env_of(container)["SPOTRAIN_SUBMITTER_SECRETS_DIR"] == "/var/run/spotrain/secrets"
+    volume = next(v for v in spec["volumes"] if v["name"] == "job-secrets")
+    assert volume["secret"]["secretName"] == "ml-secrets"
+    for pod in pods(manifests):
+        if pod.where != "Deployment/spotrain-submitter":
+            assert "job-secrets" not in json.dumps(pod.spec), pod.where

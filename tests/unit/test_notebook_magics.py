@@ -80,6 +80,13 @@ def test_the_line_takes_the_clis_options_and_builds_the_same_request(workdir: Pa
     assert not options.wait
 
 
+def test_a_secret_is_named_never_carried(workdir: Path) -> None:
+    options = parse_submit(["train.py", "--secret", "HF_TOKEN=hf-token"])
+    assert options is not None
+    assert options.fields["secrets"] == {"HF_TOKEN": "hf-token"}
+    assert "HF_TOKEN" not in options.fields["env"]
+
+
 def test_the_job_id_defaults_to_the_scripts_name(workdir: Path) -> None:
     options = parse_submit(["train.py", "--wait"])
     assert options is not None
@@ -99,6 +106,14 @@ def test_the_job_id_defaults_to_the_scripts_name(workdir: Path) -> None:
             ["train.py", "--spot", "--any"], "choose one of --spot, --on-demand, --any", id="two"
         ),
         pytest.param(["train.py", "--label", "oops"], "--label takes KEY=VALUE", id="bad-label"),
+        pytest.param(
+            ["train.py", "--secret", "HF_TOKEN"], "--secret takes KEY=VALUE", id="bad-secret"
+        ),
+        pytest.param(
+            ["train.py", "--secret", "T=a", "--env", "T=b"],
+            "T is set both as an environment variable and as a secret",
+            id="secret-and-env",
+        ),
         pytest.param(
             ["train.py", "--checkpoint-every", "soon"], "not a duration: 'soon'", id="bad-duration"
         ),

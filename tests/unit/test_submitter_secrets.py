@@ -1,0 +1,91 @@
+"""`--secret ENVVAR=NAME`: the attempt gets the platform's secret as an environment
+variable; the value is looked up at submission and never enters an event, a record or a
+log; a job naming a secret the platform does not have is refused with one line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import structlog
+
+from services.submitter.adapters.secret_files import SecretFiles
+from services.submitter.handlers import Deps, on_job_requested
+from services.submitter.policy import Quotas
+from shared.events.data import JobRequested, RejectionReason
+from shared.messaging.memory import InMemoryBus
+from tests.events import job_requested
+from tests.fakes.clock import FixedClock
+from tests.fakes.submitter import (
+    FakeProgress,
+    FakeRay,
+    FakeWorkspaces,
+    FixedSecrets,
+    InMemoryJobStore,
+)
+
+TOKEN = "hf_s3cr3t-value-that-must-not-leak"  # noqa: S105  # a fake, to look for leaks
+
+
+@pytest.fixture
+def deps(tmp_path: Path) -> Deps:
+    return Deps(
+        bus=InMemoryBus(),
+        clock=FixedClock(),
+        store=InMemoryJobStore(),
+        ray=FakeRay(),
+        workspaces=FakeWorkspaces(tmp_path),
+        progress=FakeProgress(),
+        quotas=Quotas(),
+        checkpoint_root="file:///checkpoints",
+        secrets=FixedSecrets({"hf-token": TOKEN}),
+    )
+
+
+async def test_the_attempt_gets_the_secret_and_nothing_else_sees_its_value(deps: Deps) -> None:
+    with structlog.testing.capture_logs() as logs:
+        await on_job_requested(job_requested("j-1", secrets={"HF_TOKEN": "hf-token"}), deps)
+    ray = deps.ray
+    assert isinstance(ray, FakeRay)
+    [(plan, _)] = ray.submitted
+    assert plan.env_vars["HF_TOKEN"] == TOKEN
+    bus = deps.bus
+    assert isinstance(bus, InMemoryBus)
+    assert all(TOKEN.encode() not in message.data for message in bus.messages)
+    store = deps.store
+    assert isinstance(store, InMemoryJobStore)
+    record, _ = store.records["j-1"]
+    assert TOKEN not in record.model_dump_json()
+    assert record.request.secrets == {"HF_TOKEN": "hf-token"}
+    assert TOKEN not in repr(logs)
+
+
+async def test_a_secret_the_platform_does_not_have_is_refused(deps: Deps) -> None:
+    await on_job_requested(job_requested("j-2", secrets={"API_KEY": "nope"}), deps)
+    bus = deps.bus
+    assert isinstance(bus, InMemoryBus)
+    store = deps.store
+    assert isinstance(store, InMemoryJobStore)
+    record, _ = store.records["j-2"]
+    assert record.rejection is RejectionReason.INVALID
+    assert record.detail is not None
+    assert record.detail.startswith("the platform has no secret nope (")
+    ray = deps.ray
+    assert isinstance(ray, FakeRay)
+    assert ray.submitted == []
+
+
+def test_a_variable_is_either_plain_or_a_secret() -> None:
+    with pytest.raises(ValueError, match="TOKEN is set both as an environment variable and"):
+        JobRequested(
+            job_id="j", owner="a", entrypoint=("x",), env={"TOKEN": "x"}, secrets={"TOKEN": "t"}
+        )
+    with pytest.raises(ValueError, match="secrets"):
+        JobRequested(job_id="j", owner="a", entrypoint=("x",), secrets={"TOKEN": "../etc"})
+
+
+async def test_secret_files_are_read_from_the_folder_only(tmp_path: Path) -> None:
+    (tmp_path / "hf-token").write_text(TOKEN + "\n")
+    secrets = SecretFiles(tmp_path)
+    assert await secrets.value("hf-token") == TOKEN, "the trailing newline is not the secret"
+    assert await secrets.value("missing") is None
