@@ -332,41 +332,28 @@ def new_record(
 ) -> JobRecord:
     """The first record of a job: rejected with its reason, waiting for its team's quota
     (no attempt yet), or queued with attempt 1."""
-    if isinstance(decision, WaitForQuota):
-        return JobRecord(
-            request=request,
-            request_event_id=request_event_id,
-            state=JobState.QUEUED,
-            accepted_at=now,
-            updated_at=now,
-            checkpoint_uri=checkpoint_uri,
-            team=team,
-            waiting_for=decision.reason,
-            max_hours=max_hours,
-        )
-    if isinstance(decision, Reject):
-        return JobRecord(
-            request=request,
-            request_event_id=request_event_id,
-            state=JobState.REJECTED,
-            accepted_at=now,
-            updated_at=now,
-            rejection=decision.reason,
-            detail=decision.detail,
-            checkpoint_uri=checkpoint_uri,
-        )
-    first = Attempt(number=1, submission_id=submission_id(request.job_id, 1), submitted_at=now)
-    return JobRecord(
+    queued = JobRecord(
         request=request,
         request_event_id=request_event_id,
         state=JobState.QUEUED,
         accepted_at=now,
         updated_at=now,
-        attempts=(first,),
         checkpoint_uri=checkpoint_uri,
         team=team,
         max_hours=max_hours,
     )
+    if isinstance(decision, WaitForQuota):
+        return queued.model_copy(update={"waiting_for": decision.reason})
+    if isinstance(decision, Reject):
+        return queued.model_copy(
+            update={
+                "state": JobState.REJECTED,
+                "rejection": decision.reason,
+                "detail": decision.detail,
+            }
+        )
+    first = Attempt(number=1, submission_id=submission_id(request.job_id, 1), submitted_at=now)
+    return queued.model_copy(update={"attempts": (first,)})
 
 
 def submission_id(job_id: str, attempt: int) -> str:

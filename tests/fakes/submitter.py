@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
+from services.submitter.handlers import Deps
 from services.submitter.model import JobRecord, RayJobState, RayJobStatus, SubmissionPlan
+from services.submitter.policy import Quotas
 from services.submitter.ports import Revision, StaleRevisionError
 from shared.checkpoints import CheckpointRequest, ProgressReport, StopAsk
 from shared.events.types import ObjectRef
+from shared.messaging.memory import InMemoryBus
 from shared.pools import OwnersSpend, PoolsStatus
 from shared.teams import TeamHolds, Teams, TeamsStatus
+from tests.fakes.clock import FixedClock
 
 
 class InMemoryJobStore:
@@ -165,3 +170,18 @@ class FixedSecrets:
 
     async def value(self, name: str) -> str | None:
         return self.values.get(name)
+
+
+def submitter_deps(tmp_path: Path, **fields: Any) -> Deps:
+    """The submitter's dependencies on fakes, with `fields` in place of the defaults."""
+    defaults: dict[str, Any] = {
+        "bus": InMemoryBus(),
+        "clock": FixedClock(),
+        "store": InMemoryJobStore(),
+        "ray": FakeRay(),
+        "workspaces": FakeWorkspaces(tmp_path),
+        "progress": FakeProgress(),
+        "quotas": Quotas(max_gpus_per_job=8, max_gpus_per_owner=16),
+        "checkpoint_root": "file:///checkpoints",
+    }
+    return Deps(**(defaults | fields))

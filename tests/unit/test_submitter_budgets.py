@@ -12,7 +12,6 @@ import pytest
 
 from services.submitter.handlers import Deps, admit_waiting, on_job_requested, track_attempts
 from services.submitter.model import RayJobState
-from services.submitter.policy import Quotas
 from shared.events import decode
 from shared.events.data import RejectionReason
 from shared.events.types import CapacityClass
@@ -22,13 +21,12 @@ from shared.teams import parse_teams
 from tests.events import NOW, job_requested
 from tests.fakes.clock import FixedClock
 from tests.fakes.submitter import (
-    FakeProgress,
     FakeRay,
-    FakeWorkspaces,
     FixedPools,
     FixedTeams,
     InMemoryJobStore,
     InMemoryTeamHolds,
+    submitter_deps,
 )
 
 TEAMS = parse_teams(
@@ -68,15 +66,8 @@ def spend(**by_owner: float) -> OwnersSpend:
 
 @pytest.fixture
 def deps(tmp_path: Path) -> Deps:
-    return Deps(
-        bus=InMemoryBus(),
-        clock=FixedClock(),
-        store=InMemoryJobStore(),
-        ray=FakeRay(),
-        workspaces=FakeWorkspaces(tmp_path),
-        progress=FakeProgress(),
-        quotas=Quotas(max_gpus_per_job=8, max_gpus_per_owner=16),
-        checkpoint_root="file:///checkpoints",
+    return submitter_deps(
+        tmp_path,
         teams=FixedTeams(TEAMS),
         holds=InMemoryTeamHolds(),
         pools=FixedPools(POOLS, spend(alice=30.0, bob=10.0, carol=500.0)),

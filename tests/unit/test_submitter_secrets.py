@@ -11,17 +11,14 @@ import structlog
 
 from services.submitter.adapters.secret_files import SecretFiles
 from services.submitter.handlers import Deps, on_job_requested
-from services.submitter.policy import Quotas
 from shared.events.data import JobRequested, RejectionReason
 from shared.messaging.memory import InMemoryBus
 from tests.events import job_requested
-from tests.fakes.clock import FixedClock
 from tests.fakes.submitter import (
-    FakeProgress,
     FakeRay,
-    FakeWorkspaces,
     FixedSecrets,
     InMemoryJobStore,
+    submitter_deps,
 )
 
 TOKEN = "hf_s3cr3t-value-that-must-not-leak"  # noqa: S105  # a fake, to look for leaks
@@ -29,17 +26,7 @@ TOKEN = "hf_s3cr3t-value-that-must-not-leak"  # noqa: S105  # a fake, to look fo
 
 @pytest.fixture
 def deps(tmp_path: Path) -> Deps:
-    return Deps(
-        bus=InMemoryBus(),
-        clock=FixedClock(),
-        store=InMemoryJobStore(),
-        ray=FakeRay(),
-        workspaces=FakeWorkspaces(tmp_path),
-        progress=FakeProgress(),
-        quotas=Quotas(),
-        checkpoint_root="file:///checkpoints",
-        secrets=FixedSecrets({"hf-token": TOKEN}),
-    )
+    return submitter_deps(tmp_path, secrets=FixedSecrets({"hf-token": TOKEN}))
 
 
 async def test_the_attempt_gets_the_secret_and_nothing_else_sees_its_value(deps: Deps) -> None:

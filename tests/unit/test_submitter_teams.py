@@ -20,7 +20,6 @@ from services.submitter.handlers import (
     track_attempts,
 )
 from services.submitter.model import RayJobState
-from services.submitter.policy import Quotas
 from shared.events import decode, new_event
 from shared.events.data import (
     InterruptionCause,
@@ -37,10 +36,10 @@ from tests.fakes.clock import FixedClock
 from tests.fakes.submitter import (
     FakeProgress,
     FakeRay,
-    FakeWorkspaces,
     FixedTeams,
     InMemoryJobStore,
     InMemoryTeamHolds,
+    submitter_deps,
 )
 
 TEAMS = parse_teams(
@@ -62,18 +61,7 @@ guaranteed_gpus = 4
 
 @pytest.fixture
 def deps(tmp_path: Path) -> Deps:
-    return Deps(
-        bus=InMemoryBus(),
-        clock=FixedClock(),
-        store=InMemoryJobStore(),
-        ray=FakeRay(),
-        workspaces=FakeWorkspaces(tmp_path),
-        progress=FakeProgress(),
-        quotas=Quotas(max_gpus_per_job=8, max_gpus_per_owner=16),
-        checkpoint_root="file:///checkpoints",
-        teams=FixedTeams(TEAMS),
-        holds=InMemoryTeamHolds(),
-    )
+    return submitter_deps(tmp_path, teams=FixedTeams(TEAMS), holds=InMemoryTeamHolds())
 
 
 def published(deps: Deps) -> list[tuple[str, Any]]:
