@@ -44,7 +44,7 @@ from shared.events.data import (
 from shared.events.types import CapacityClass
 from shared.messaging import EventPublisher, HandlerWithDeps, RetryLater, Unhandleable
 from shared.pools import gpu_hour_usd
-from shared.teams import Teams
+from shared.teams import Teams, quota_class
 
 SERVICE = "submitter"
 log = structlog.get_logger()
@@ -446,9 +446,18 @@ async def admit_waiting(deps: Deps) -> None:
     found = await deps.store.all()
     records = {record.job_id: record for record, _ in found}
     revisions = {record.job_id: revision for record, revision in found}
+    # A job that must wait says that a later one of its team and class, no smaller and no
+    # higher, waits too: one decision each, not one per waiting job, per pass.
+    blocked: dict[tuple[str | None, CapacityClass], tuple[int, int]] = {}
     for record in policy.waiting_order(records.values()):
+        where = (record.team, quota_class(record.request.capacity))
+        seen = blocked.get(where)
+        if seen is not None and record.gpus >= seen[0] and record.request.priority <= seen[1]:
+            continue
         with structlog.contextvars.bound_contextvars(job_id=record.job_id):
             decision = await _admit_in_team(record.request, records, deps)
+            if not isinstance(decision, policy.Accept):
+                blocked[where] = (record.gpus, record.request.priority)
             if isinstance(decision, policy.Accept):
                 admitted = await _quota_freed(record, revisions[record.job_id], deps)
                 if admitted is not None:

@@ -129,9 +129,11 @@ class InMemoryTeamHolds:
         self.holds = TeamHolds()
         self.revision: Revision | None = None
         self.conflicts = 0
+        self.reads = 0
         self.status: TeamsStatus | None = None
 
     async def read(self) -> tuple[TeamHolds, Revision | None]:
+        self.reads += 1
         await asyncio.sleep(0)
         return self.holds, self.revision
 

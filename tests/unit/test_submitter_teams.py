@@ -327,3 +327,12 @@ async def test_the_lender_takes_back_what_another_team_borrowed(deps: Deps) -> N
     untouched = store(deps).records["v-1"][0].current
     assert untouched is not None
     assert untouched.give_way is None, "work on vision's own guarantee stays"
+
+
+async def test_one_decision_per_team_and_pass_however_many_wait(deps: Deps) -> None:
+    await on_job_requested(job_requested("j-0", **gpus(6)), deps)
+    for n in range(1, 6):
+        await on_job_requested(job_requested(f"j-{n}", **gpus(1)), deps)
+    holds(deps).reads = 0
+    await admit_waiting(deps)
+    assert holds(deps).reads == 2, "one decision for the first waiting job, one for the status"
