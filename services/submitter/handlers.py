@@ -484,19 +484,28 @@ async def admit_waiting(deps: Deps) -> None:
 
 
 async def _quota_freed(record: JobRecord, revision: Revision, deps: Deps) -> JobRecord | None:
-    """Give a waiting job its first attempt and submit it; None if the record moved on
-    (cancelled, or another replica did it), whose hold is then released or kept there."""
-    admitted = policy.quota_freed(record, deps.clock.now())
-    try:
-        await deps.store.update(admitted, revision)
-    except StaleRevisionError:
-        return None
-    attempt = admitted.attempts[-1]
-    queued = policy.queued_event(admitted, attempt, deps.clock.now())
-    await _publish(deps, queued, f"queued-{record.job_id}-{attempt.number}")
-    await _submit(admitted, attempt, deps)
-    log.info("job.quota_freed", owner=record.request.owner, team=record.team, gpus=record.gpus)
-    return admitted
+    """Give a waiting job, whose hold is written, its attempt and submit it; None if it no
+    longer waits (cancelled, or another replica did it). A record that moved meanwhile
+    only by another replica's new reason to wait is read again: the hold is what counts."""
+    for _ in range(_HOLD_TRIES):
+        if not record.is_active or record.waiting_for is None:
+            return None
+        admitted = policy.quota_freed(record, deps.clock.now())
+        try:
+            await deps.store.update(admitted, revision)
+        except StaleRevisionError:
+            found = await deps.store.get(record.job_id)
+            if found is None:
+                return None
+            record, revision = found
+            continue
+        attempt = admitted.attempts[-1]
+        queued = policy.queued_event(admitted, attempt, deps.clock.now())
+        await _publish(deps, queued, f"queued-{record.job_id}-{attempt.number}")
+        await _submit(admitted, attempt, deps)
+        log.info("job.quota_freed", owner=record.request.owner, team=record.team, gpus=record.gpus)
+        return admitted
+    return None
 
 
 async def _unknown_secrets(request: JobRequested, deps: Deps) -> list[str]:

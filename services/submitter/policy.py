@@ -714,11 +714,16 @@ GIVE_WAY = frozenset({InterruptionCause.RECLAIMED, InterruptionCause.PRIORITY})
 """Why the platform stops a job, checkpoint first, for other work (`shared.fairshare`)."""
 
 
+_WHY_GIVE_WAY = {
+    InterruptionCause.RECLAIMED: "its team's borrowed quota was taken back",
+    InterruptionCause.PRIORITY: "a higher priority job of its team needed the room",
+}
+
+
 def _gave_way(attempt: Attempt) -> str:
-    why = {
-        InterruptionCause.RECLAIMED: "its team's borrowed quota was taken back",
-        InterruptionCause.PRIORITY: "a higher priority job of its team needed the room",
-    }.get(attempt.give_way or attempt.cause or InterruptionCause.PRIORITY, "")
+    """What an attempt asked to give way says of its end (its record, `job.interrupted`)."""
+    cause = attempt.give_way or attempt.cause
+    why = _WHY_GIVE_WAY.get(cause, "the platform needed its GPUs") if cause else "asked to stop"
     return f"gave way to {attempt.give_way_for or 'another job'}: {why}"
 
 

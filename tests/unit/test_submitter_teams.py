@@ -28,6 +28,7 @@ from shared.events.data import (
     RejectionReason,
 )
 from shared.events.types import CapacityClass
+from shared.jobs import JobRecord
 from shared.messaging import Unhandleable
 from shared.messaging.memory import InMemoryBus
 from shared.teams import TeamHold, TeamHolds, parse_teams
@@ -336,3 +337,39 @@ async def test_one_decision_per_team_and_pass_however_many_wait(deps: Deps) -> N
     holds(deps).reads = 0
     await admit_waiting(deps)
     assert holds(deps).reads == 2, "one decision for the first waiting job, one for the status"
+
+
+async def test_a_reason_written_by_another_replica_does_not_lose_the_quota(
+    tmp_path: Path,
+) -> None:
+    """Between this replica's hold and its record write, another replica (deciding from an
+    older view) wrote the job a new reason to wait: the hold is what counts, so the record
+    is read again and the job runs."""
+
+    class AnotherReplicaWritesFirst(InMemoryJobStore):
+        def __init__(self) -> None:
+            super().__init__()
+            self.armed = False
+
+        async def update(self, record: JobRecord, revision: int) -> int:
+            if self.armed and record.waiting_for is None:
+                self.armed = False
+                current, at = self.records[record.job_id]
+                reason = current.model_copy(update={"waiting_for": "an older view's reason"})
+                await super().update(reason, at)
+            return await super().update(record, revision)
+
+    racing = AnotherReplicaWritesFirst()
+    deps = submitter_deps(
+        tmp_path, store=racing, teams=FixedTeams(TEAMS), holds=InMemoryTeamHolds()
+    )
+    await on_job_requested(job_requested("j-1", **gpus(6)), deps)
+    await on_job_requested(job_requested("j-2", **gpus(2, owner="bob")), deps)
+    ray_of(deps).set("j-1-1", RayJobState.SUCCEEDED)
+    await track_attempts(deps)
+    racing.armed = True
+    await admit_waiting(deps)
+    assert not racing.armed, "the other replica did write first"
+    record = racing.records["j-2"][0]
+    assert record.waiting_for is None
+    assert [p.submission_id for p, _ in ray_of(deps).submitted][-1] == "j-2-1"
