@@ -100,20 +100,23 @@ def _provider(
             KubernetesNodeDirectory,
             connect_cluster_manager,
             connect_compute_operations,
+            connect_instance_groups,
         )
 
         # ScalerSettings refuses the gke provider without these.
         assert settings.gke_project is not None
         assert settings.gke_location is not None
         assert settings.gke_cluster is not None
-        return GkePoolProvider(
+        gke = GkePoolProvider(
             client=connect_cluster_manager(settings.gke_api_endpoint),
+            groups=connect_instance_groups(settings.gke_compute_api_endpoint),
             cluster=ClusterRef(
                 project=settings.gke_project,
                 location=settings.gke_location,
                 cluster=settings.gke_cluster,
             ),
             node_pools=settings.gke_node_pools,
+            zones={pool.name: pool.zone for pool in settings.pools()},
             directory=KubernetesNodeDirectory(),
             clock=SystemClock(),
             records=ComputeOperationRecords(
@@ -121,6 +124,8 @@ def _provider(
                 settings.gke_project,
             ),
         )
+        gke.check()  # a pool it cannot resize stops the scaler at start, saying why
+        return gke
     if settings.provider == "kuberay":
         # Imported here: the Kubernetes client comes with the `cloud` extra only.
         from services.scaler.adapters.kuberay import (  # noqa: PLC0415

@@ -21,6 +21,7 @@ from services.scaler.ports import (
     NodeEventHistory,
     PoolProvider,
     ProvidedNode,
+    ProviderBusyError,
     StatusBoard,
 )
 from shared.clock import Clock
@@ -160,6 +161,7 @@ async def reconcile(deps: Deps) -> ScalePlan:
     observed = await deps.observer.nodes()
     by_pool = {p.name: p for p in deps.pools}
     now = deps.clock.now()
+    provided, never_started = await _remove_unstarted(deps, provided, now)
     taken_back = await _announce_node_lifetimes(deps, provided, by_pool, seen_at)
     views = policy.node_views(deps.pools, provided, observed, now)
     demands = await deps.demand.all()
@@ -188,7 +190,7 @@ async def reconcile(deps: Deps) -> ScalePlan:
     )
     await deps.status.publish_status(status)
     metrics.PASS.replace(metrics.pass_samples(status, demands))
-    stocked_out: set[str] = set()
+    stocked_out = set(never_started)
     for pool_plan in decided.pools:
         if pool_plan.target == pool_plan.current:
             continue
@@ -219,7 +221,7 @@ async def reconcile(deps: Deps) -> ScalePlan:
                         await deps.provider.release(name)
                         await _node_released(deps, name, pool_plan.pool, ReleaseReason.SCALED_DOWN)
         except OSError as error:
-            if pool_plan.target > pool_plan.current:
+            if pool_plan.target > pool_plan.current and not isinstance(error, ProviderBusyError):
                 # Likely no capacity of this kind in the zone now (a spot stock-out): stop
                 # asking for a while, and let `any` jobs take on-demand meanwhile.
                 retry_at = now + timedelta(seconds=deps.config.capacity_retry_after_s)
@@ -235,6 +237,37 @@ async def reconcile(deps: Deps) -> ScalePlan:
     await _learn(deps, provided, taken_back=taken_back, stocked_out=stocked_out, now=now)
     await _report_blocked(deps, decided)
     return decided
+
+
+async def _remove_unstarted(
+    deps: Deps, provided: Sequence[ProvidedNode], now: datetime
+) -> tuple[list[ProvidedNode], set[str]]:
+    """Nodes the provider gave up starting are removed (billed nothing: they end where they
+    were launched), and their pools are out of capacity for a while, as after a failed
+    growth. Returns the nodes left and the pools that stocked out. One whose removal fails
+    stays listed, to be tried again next pass."""
+    kept: list[ProvidedNode] = []
+    stocked_out: set[str] = set()
+    for node in provided:
+        if node.not_started is None:
+            kept.append(node)
+            continue
+        stocked_out.add(node.pool)
+        retry_at = now + timedelta(seconds=deps.config.capacity_retry_after_s)
+        deps.out_of_capacity_until[node.pool] = retry_at
+        log.warning("node.never_started", node=node.name, pool=node.pool, why=node.not_started)
+        try:
+            await deps.provider.release(node.name)
+        except OSError as error:
+            log.warning("node.unstarted_not_removed", node=node.name, error=str(error))
+            kept.append(node)
+            continue
+        billed = deps.billed_nodes.get(node.name)
+        if billed is not None:
+            await _node_released(
+                deps, node.name, node.pool, ReleaseReason.NEVER_STARTED, at=billed.launched_at
+            )
+    return kept, stocked_out
 
 
 async def _report_blocked(deps: Deps, decided: ScalePlan) -> None:

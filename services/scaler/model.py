@@ -49,6 +49,11 @@ class ProvidedNode(Frozen):
     name: str
     pool: str
     launched_at: AwareDatetime
+    not_started: str | None = None
+    """Why the provider gave up on starting it (the zone out of this machine type, a
+    quota, a create that never finished), with the cloud's words; None while it runs or
+    may yet. Such a node never ran: the scaler removes it and stops asking the pool for a
+    while, as for a failed growth."""
 
 
 class StoppedNode(Frozen):

@@ -13,6 +13,11 @@ from shared.pool_knowledge import PoolsKnowledge
 from shared.pools import NodeSightings, OwnersSpend, PoolsStatus
 
 
+class ProviderBusyError(OSError):
+    """The provider cannot change a pool now (another operation on it runs, a rate limit):
+    try again next pass. It says nothing of capacity, so it is never read as a stock-out."""
+
+
 class PoolProvider(Protocol):
     """Starts and stops the nodes of pools (local `ray start` processes, GKE node pools).
 
@@ -24,11 +29,13 @@ class PoolProvider(Protocol):
     async def nodes(self) -> list[ProvidedNode]: ...
 
     async def launch(self, pool: PoolSpec, count: int) -> list[str]:
-        """Start `count` nodes of the pool; returns their names."""
+        """Start `count` nodes of the pool; returns their names. `ProviderBusyError` when
+        it cannot now; any other `OSError` is read as no capacity of this kind for now."""
         ...
 
     async def release(self, node: str) -> None:
-        """Stop one node; a no-op for a node already gone."""
+        """Stop one node; a no-op for a node already gone. An error means the node still
+        runs (and is still billed)."""
         ...
 
     async def ended(self, nodes: Collection[str]) -> dict[str, NodeEnd]:

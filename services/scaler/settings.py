@@ -41,7 +41,8 @@ class ScalerSettings(RuntimeSettings):
     gke_api_endpoint: str | None = None
     """Another GKE API endpoint (a local fake); an `http://` one is called without credentials."""
     gke_compute_api_endpoint: str | None = None
-    """Another Compute API endpoint (a local fake), for the VMs' end records; likewise."""
+    """Another Compute API endpoint (a local fake), for the node pools' instance groups and
+    the VMs' end records; likewise."""
     kuberay_cluster: str | None = None
     """The RayCluster whose worker groups are the pools (the kuberay provider)."""
     kuberay_namespace: str | None = None

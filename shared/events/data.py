@@ -382,6 +382,9 @@ class ReleaseReason(StrEnum):
     time it was seen alive, never the time it was found gone."""
     STACK_STOPPED = "stack-stopped"
     """`spotrain down` stopped it with the rest of the local stack."""
+    NEVER_STARTED = "never-started"
+    """The provider gave up on starting it (a stock-out that outlived the create, a
+    quota): it never ran, and ends where it was launched, billed nothing."""
 
 
 class NodeEndSource(StrEnum):

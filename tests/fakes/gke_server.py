@@ -1,10 +1,25 @@
-"""A local fake of the two GKE REST calls the GKE provider makes (get a node pool, set its
-size), for the real `ClusterManagerClient` pointed at it with `transport="rest"`."""
+"""A local fake of the GKE (container) API calls the GKE provider makes, for the real
+`ClusterManagerClient` pointed at it with `transport="rest"`: get a node pool, set its
+size, list and get operations.
+
+As hard as the real service where the provider depends on it (from the GKE documentation
+of node pool resizing and operations, and the errors the API is reported to answer):
+- a node pool names its zonal managed instance groups (`instanceGroupUrls`), held by the
+  fake Compute API, where its VMs really are;
+- `setSize` sets the same count in every zone's group, whatever each holds, so a shrink
+  deletes VMs the groups pick at random, busy or not;
+- an operation runs for a while (`RUNNING`) before it is `DONE`; while one runs on the
+  cluster, a second is refused with 400 `FAILED_PRECONDITION` ("Cluster is running
+  incompatible operation", reason `CLUSTER_ALREADY_HAS_OPERATION`);
+- past a rate of changes per second, 429 `RESOURCE_EXHAUSTED`.
+"""
 
 from __future__ import annotations
 
 import json
 import re
+import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -12,30 +27,40 @@ from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import urlsplit
 
+from tests.fakes.compute_server import FakeCompute, FakeGroup
 from tests.fakes.http import reply_json, serving
 
 # The paths of google/cloud/container_v1/services/cluster_manager/transports/rest_base.py:
-# GET /v1/{name=projects/*/locations/*/clusters/*/nodePools/*} and
-# POST /v1/{name=projects/*/locations/*/clusters/*/nodePools/*}:setSize, body "*".
+# GET /v1/{name=projects/*/locations/*/clusters/*/nodePools/*},
+# POST /v1/{name=projects/*/locations/*/clusters/*/nodePools/*}:setSize, body "*",
+# GET /v1/{parent=projects/*/locations/*}/operations and
+# GET /v1/{name=projects/*/locations/*/operations/*}.
 _NODE_POOL = re.compile(
     r"^/v1/projects/(?P<project>[^/]+)/locations/(?P<location>[^/]+)"
     r"/clusters/(?P<cluster>[^/]+)/nodePools/(?P<pool>[^/:]+)(?P<verb>:setSize)?$"
+)
+_OPERATIONS = re.compile(
+    r"^/v1/projects/(?P<project>[^/]+)/locations/(?P<location>[^/]+)/operations(?:/(?P<op>[^/]+))?$"
 )
 
 
 @dataclass
 class FakeNodePool:
     name: str
-    locations: list[str]
-    node_count: int
-    """Per zone, as `setSize` sets it; the real API does not report it back."""
+    groups: list[FakeGroup]
+    """Its zonal managed instance groups, one per zone, in the fake Compute API."""
     autoscaling: dict[str, Any] | None = None
 
-    def as_json(self) -> dict[str, Any]:
+    @property
+    def locations(self) -> list[str]:
+        return [group.zone for group in self.groups]
+
+    def as_json(self, project: str) -> dict[str, Any]:
         body: dict[str, Any] = {
             "name": self.name,
             "initialNodeCount": 1,
             "locations": self.locations,
+            "instanceGroupUrls": [group.url(project) for group in self.groups],
             "status": "RUNNING",
         }
         if self.autoscaling is not None:
@@ -51,16 +76,42 @@ class Received:
 
 
 @dataclass
+class Operation:
+    name: str
+    operation_type: str
+    target: str
+    done_at: float
+
+    def as_json(self, project: str, location: str, endpoint: str) -> dict[str, Any]:
+        done = time.monotonic() >= self.done_at
+        return {
+            "name": self.name,
+            "zone": location,
+            "operationType": self.operation_type,
+            "status": "DONE" if done else "RUNNING",
+            "selfLink": f"{endpoint}/v1/projects/{project}/locations/{location}"
+            f"/operations/{self.name}",
+            "targetLink": f"{endpoint}/v1/{self.target}",
+        }
+
+
+@dataclass
 class FakeGke:
     """One cluster's node pools; `requests` records every call, in order."""
 
     project: str
     location: str
     cluster: str
+    compute: FakeCompute
     pools: dict[str, FakeNodePool] = field(default_factory=dict)
     requests: list[Received] = field(default_factory=list)
     endpoint: str = ""
-    operations: int = 0
+    operation_s: float = 0.5
+    """How long an operation runs before it is DONE."""
+    writes_per_s: int = 10
+    running: list[Operation] = field(default_factory=list)
+    _writes: list[float] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def set_sizes(self) -> list[tuple[str, int]]:
         """(node pool, per-zone count) of every setSize received."""
@@ -70,31 +121,80 @@ class FakeGke:
             if r.path.endswith(":setSize")
         ]
 
+    def start_operation(self, operation_type: str, node_pool: str, seconds: float) -> Operation:
+        """An operation someone else started (an upgrade, a repair) on a node pool."""
+        target = f"projects/{self.project}/locations/{self.location}/clusters/{self.cluster}"
+        operation = Operation(
+            name=f"operation-{len(self.running) + 1}-{operation_type.lower()}",
+            operation_type=operation_type,
+            target=f"{target}/nodePools/{node_pool}",
+            done_at=time.monotonic() + seconds,
+        )
+        self.running.append(operation)
+        return operation
+
     def answer(self, method: str, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
-        self.requests.append(Received(method, path, body))
-        match = _NODE_POOL.match(path)
-        if match is None:
-            return _error(404, "NOT_FOUND", f"no such path {path}")
-        cluster = (match["project"], match["location"], match["cluster"])
-        pool = self.pools.get(match["pool"])
-        if cluster != (self.project, self.location, self.cluster) or pool is None:
-            return _error(404, "NOT_FOUND", f"Not found: {path.removeprefix('/v1/')}.")
-        if method == "GET" and not match["verb"]:
-            return 200, pool.as_json()
-        if method == "POST" and match["verb"]:
-            pool.node_count = _node_count(body)
-            self.operations += 1
-            target = path.removesuffix(":setSize").removeprefix("/v1/")
-            return 200, {
-                "name": f"operation-{self.operations}",
-                "zone": self.location,
-                "operationType": "SET_NODE_POOL_SIZE",
-                "status": "RUNNING",
-                "selfLink": f"{self.endpoint}/v1/projects/{self.project}/locations/"
-                f"{self.location}/operations/operation-{self.operations}",
-                "targetLink": f"{self.endpoint}/v1/{target}",
-            }
-        return _error(405, "INVALID_ARGUMENT", f"{method} {path} is not served here")
+        with self._lock:
+            self.requests.append(Received(method, path, body))
+            if (ops := _OPERATIONS.match(path)) is not None and method == "GET":
+                return self._answer_operations(ops)
+            match = _NODE_POOL.match(path)
+            if match is None:
+                return _error(404, "NOT_FOUND", f"no such path {path}")
+            cluster = (match["project"], match["location"], match["cluster"])
+            pool = self.pools.get(match["pool"])
+            if cluster != (self.project, self.location, self.cluster) or pool is None:
+                return _error(404, "NOT_FOUND", f"Not found: {path.removeprefix('/v1/')}.")
+            if method == "GET" and not match["verb"]:
+                return 200, pool.as_json(self.project)
+            if method == "POST" and match["verb"]:
+                return self._set_size(pool, path, body)
+            return _error(405, "INVALID_ARGUMENT", f"{method} {path} is not served here")
+
+    def _set_size(
+        self, pool: FakeNodePool, path: str, body: dict[str, Any]
+    ) -> tuple[int, dict[str, Any]]:
+        now = time.monotonic()
+        self._writes = [t for t in self._writes if now - t < 1.0]
+        if len(self._writes) >= self.writes_per_s:
+            return _error(429, "RESOURCE_EXHAUSTED", "Too many requests, retry later.")
+        busy = [op for op in self.running if now < op.done_at]
+        if busy:
+            error = _error(
+                400,
+                "FAILED_PRECONDITION",
+                f"Cluster is running incompatible operation {busy[0].name}.",
+            )
+            error[1]["error"]["details"] = [
+                {
+                    "@type": "type.googleapis.com/google.rpc.ErrorInfo",
+                    "reason": "CLUSTER_ALREADY_HAS_OPERATION",
+                    "domain": "container.googleapis.com",
+                }
+            ]
+            return error
+        self._writes.append(now)
+        for group in pool.groups:
+            self.compute.set_target(group, _node_count(body))
+        operation = Operation(
+            name=f"operation-{len(self.running) + 1}",
+            operation_type="SET_NODE_POOL_SIZE",
+            target=path.removesuffix(":setSize").removeprefix("/v1/"),
+            done_at=now + self.operation_s,
+        )
+        self.running.append(operation)
+        return 200, operation.as_json(self.project, self.location, self.endpoint)
+
+    def _answer_operations(self, match: re.Match[str]) -> tuple[int, dict[str, Any]]:
+        if (match["project"], match["location"]) != (self.project, self.location):
+            return _error(404, "NOT_FOUND", "Not found.")
+        listed = [op.as_json(self.project, self.location, self.endpoint) for op in self.running]
+        if match["op"] is None:
+            return 200, {"operations": listed}
+        for operation in listed:
+            if operation["name"] == match["op"]:
+                return 200, operation
+        return _error(404, "NOT_FOUND", f"Not found: operation {match['op']}.")
 
 
 def _node_count(body: dict[str, Any]) -> int:

@@ -6,7 +6,7 @@ from collections.abc import Collection
 from datetime import datetime
 
 from services.scaler.model import Demand, PoolSpec, StoppedNode
-from services.scaler.ports import ObservedNode, ProvidedNode
+from services.scaler.ports import ObservedNode, ProvidedNode, ProviderBusyError
 from shared.cost.node_ends import NodeEnd
 from shared.events.data import NodeEndSource
 from shared.pool_knowledge import PoolsKnowledge
@@ -29,10 +29,18 @@ class FakeCluster:
         """When each node that stopped stopped, as the provider recorded it."""
         self.out_of_capacity: set[str] = set()
         """Pools whose launches fail, as a zone out of spot capacity answers."""
+        self.busy: set[str] = set()
+        """Pools whose launches are refused for now (another operation runs on them)."""
+        self.unstarted: dict[str, str] = {}
+        """Launched nodes the provider gave up starting, and why; they never join Ray."""
+        self.release_fails: set[str] = set()
+        """Nodes whose release fails (the cloud's delete refused): they keep running."""
 
     async def nodes(self) -> list[ProvidedNode]:
         return [
-            ProvidedNode(name=name, pool=pool.name, launched_at=at)
+            ProvidedNode(
+                name=name, pool=pool.name, launched_at=at, not_started=self.unstarted.get(name)
+            )
             for name, (pool, at) in self.launched.items()
         ]
 
@@ -40,6 +48,9 @@ class FakeCluster:
         if pool.name in self.out_of_capacity:
             msg = f"ZONE_RESOURCE_POOL_EXHAUSTED: no capacity for {pool.name}"
             raise OSError(msg)
+        if pool.name in self.busy:
+            msg = f"another operation is running on {pool.name}"
+            raise ProviderBusyError(msg)
         # Like a cloud's VM names, never used twice.
         names = [f"{pool.name}-{self._named + i + 1}" for i in range(count)]
         self._named += count
@@ -48,6 +59,9 @@ class FakeCluster:
         return names
 
     async def release(self, node: str) -> None:
+        if node in self.release_fails:
+            msg = f"deleting {node}: 503 backend error"
+            raise OSError(msg)
         if self.launched.pop(node, None) is not None:
             self.ends.setdefault(node, NodeEnd(self._clock.now(), NodeEndSource.RECORDED))
         self.released.append(node)
@@ -76,6 +90,7 @@ class FakeCluster:
         return {
             name: ObservedNode(name=name, free=pool.shape, idle_s=self.idle_s.get(name, 0.0))
             for name, (pool, _) in self.launched.items()
+            if name not in self.unstarted
         }
 
 

@@ -1,5 +1,17 @@
-"""The GKE pool provider through the real google-cloud-container REST client, against a
-local fake of the GKE API; Kubernetes' node list is a fake `NodeDirectory`."""
+"""The GKE pool provider through the real google-cloud-container and google-cloud-compute
+REST clients, against local fakes of the GKE and Compute APIs that share one world: node
+pools whose VMs are zonal managed instance groups (tests/fakes/gke_server.py,
+tests/fakes/compute_server.py). Kubernetes' node list is the VMs that booted.
+
+Issue 20's problems each have a test here that fails on the provider as it was (setSize on
+the node pool, sizes in memory, releases by count):
+3. busy is not a stock-out, and a real stock-out is seen: `test_an_operation_on_the_node_
+   pool_is_busy_not_a_stock_out`, `test_a_rate_limit_is_busy`, `test_a_zone_out_of_the_
+   machine_type_shows_as_not_started`;
+4. a failed release is never announced: `test_a_failed_deletion_raises_and_the_vm_stays`;
+5. the chosen VM goes, never another: `test_release_deletes_that_vm_and_no_other`;
+6. a restart sees the VMs still booting: `test_a_restarted_provider_sees_the_vms_booting`.
+"""
 
 from __future__ import annotations
 
@@ -19,15 +31,24 @@ from services.scaler.adapters.gke import (
     NodePoolNotFoundError,
     connect_cluster_manager,
     connect_compute_operations,
-    per_zone_count,
+    connect_instance_groups,
+    spread,
 )
 from services.scaler.model import PoolSpec
+from services.scaler.ports import ProviderBusyError
 from services.scaler.settings import ScalerSettings
 from shared.cost.node_ends import NodeEnd
 from shared.events.data import NodeEndSource
 from shared.events.types import CapacityClass
 from tests.fakes.clock import FixedClock
-from tests.fakes.compute_server import MAX_PAGE, FakeCompute, FakeOperation, serve_fake_compute
+from tests.fakes.compute_server import (
+    MAX_PAGE,
+    STOCK_OUT,
+    FakeCompute,
+    FakeGroup,
+    FakeOperation,
+    serve_fake_compute,
+)
 from tests.fakes.gke_server import FakeGke, FakeNodePool, serve_fake_gke
 
 pytestmark = pytest.mark.integration
@@ -41,6 +62,7 @@ SPOT = PoolSpec(
     price_per_hour_usd=1.0,
     max_nodes=12,
 )
+SPOT_B = SPOT.model_copy(update={"name": "gpu-spot-b", "zone": ZONES[1]})
 ON_DEMAND = PoolSpec(
     name="gpu-on-demand",
     capacity=CapacityClass.ON_DEMAND,
@@ -55,65 +77,63 @@ AUTOSCALED = PoolSpec(
 MISSING = PoolSpec(name="gone", capacity=CapacityClass.SPOT, gpus=0, cpus=8, price_per_hour_usd=0.3)
 NODE_POOLS = {
     "gpu-spot": "np-gpu-spot",
+    "gpu-spot-b": "np-gpu-spot",
     "gpu-on-demand": "np-gpu-od",
     "cpu": "np-cpu",
     "gone": "np-gone",
 }
-
-
-class FakeNodeDirectory:
-    """Kubernetes' registered nodes per GKE node pool, as the test sets them."""
-
-    def __init__(self, clock: FixedClock) -> None:
-        self._clock = clock
-        self.registered: dict[str, list[str]] = {}
-
-    def nodes(self, gke_pool: str) -> list[KubeNode]:
-        at = self._clock.now() - timedelta(hours=1)
-        return [KubeNode(name=n, created_at=at) for n in self.registered.get(gke_pool, [])]
+ZONE_OF = {"gpu-spot-b": ZONES[1]}
 
 
 @pytest.mark.parametrize(
-    ("current", "delta", "zones", "max_total", "expected"),
+    ("sizes", "count", "expected"),
     [
-        pytest.param(3, 2, 3, 100, 2, id="grow-rounds-up-to-whole-zone"),
-        pytest.param(3, 3, 3, 100, 2, id="grow-exact-multiple"),
-        pytest.param(0, 1, 1, 100, 1, id="one-zone-exact"),
-        pytest.param(0, 1, 3, 100, 1, id="one-node-in-three-zones-is-three"),
-        pytest.param(3, 2, 3, 5, 1, id="capped-below-max-total"),
-        pytest.param(3, 9, 3, 12, 4, id="capped-at-max-total"),
-        pytest.param(3, -1, 3, 3, 1, id="shrink-by-one-of-three-zones-holds"),
-        pytest.param(3, -3, 3, 3, 0, id="shrink-a-whole-step"),
-        pytest.param(3, -1, 1, 3, 2, id="shrink-one-zone"),
-        pytest.param(1, -5, 2, 10, 0, id="never-below-zero"),
+        pytest.param([1, 1, 1], 2, [1, 1, 0], id="even-zones-fill-in-order"),
+        pytest.param([3, 1, 2], 2, [0, 2, 0], id="the-smallest-first"),
+        pytest.param([3, 1, 2], 4, [1, 2, 1], id="until-level-then-in-turn"),
+        pytest.param([2], 3, [3], id="one-zone-takes-all"),
+        pytest.param([0, 0], 0, [0, 0], id="nothing-asked"),
+        pytest.param([], 2, [], id="no-group"),
     ],
 )
-def test_per_zone_count(
-    current: int, delta: int, zones: int, max_total: int, expected: int
-) -> None:
-    """setSize's per-zone count rounds the wanted total up and stays under the maximum."""
-    assert per_zone_count(current, delta, zones, max_total) == expected
+def test_spread(sizes: list[int], count: int, expected: list[int]) -> None:
+    assert spread(sizes, count) == expected
 
 
-def test_per_zone_count_needs_a_zone() -> None:
-    """A node pool without zones is a bug, not a size."""
-    with pytest.raises(ValueError, match="at least one zone"):
-        per_zone_count(1, 1, 0, 10)
+def test_a_growth_never_shrinks() -> None:
+    with pytest.raises(ValueError, match="adds VMs"):
+        spread([1], -1)
+
+
+def _group(compute: FakeCompute, pool: str, zone: str, running: int) -> FakeGroup:
+    base = f"gke-train-{pool}-{zone[-1]}"
+    return compute.add_group(
+        zone, f"{base}-grp", base, [f"{base}-{i:04x}" for i in range(100, 100 + running)]
+    )
 
 
 @pytest.fixture
-def gke() -> Iterator[FakeGke]:
+def compute() -> Iterator[FakeCompute]:
+    fake = FakeCompute(project="proj", zones=ZONES, operation_s=0.2)
+    with serve_fake_compute(fake) as served:
+        yield served
+
+
+@pytest.fixture
+def gke(compute: FakeCompute) -> Iterator[FakeGke]:
     fake = FakeGke(
         project="proj",
         location="europe-west4",
         cluster="train",
+        compute=compute,
         pools={
-            "np-gpu-spot": FakeNodePool("np-gpu-spot", ZONES, node_count=1),
-            "np-gpu-od": FakeNodePool("np-gpu-od", ZONES[:1], node_count=3),
+            "np-gpu-spot": FakeNodePool(
+                "np-gpu-spot", [_group(compute, "np-gpu-spot", z, 1) for z in ZONES]
+            ),
+            "np-gpu-od": FakeNodePool("np-gpu-od", [_group(compute, "np-gpu-od", ZONES[0], 3)]),
             "np-cpu": FakeNodePool(
                 "np-cpu",
-                ZONES,
-                node_count=1,
+                [_group(compute, "np-cpu", z, 1) for z in ZONES],
                 autoscaling={"enabled": True, "minNodeCount": 1, "maxNodeCount": 5},
             ),
         },
@@ -122,91 +142,236 @@ def gke() -> Iterator[FakeGke]:
         yield served
 
 
+class BootedNodes:
+    """Kubernetes' registered nodes of each node pool: its VMs that booted."""
+
+    def __init__(self, gke: FakeGke, clock: FixedClock) -> None:
+        self._gke = gke
+        self._clock = clock
+
+    def nodes(self, gke_pool: str) -> list[KubeNode]:
+        pool = self._gke.pools.get(gke_pool)
+        if pool is None:
+            return []
+        at = self._clock.now() - timedelta(hours=1)
+        return [
+            KubeNode(name=vm, created_at=at)
+            for group in pool.groups
+            for vm in self._gke.compute.running(group)
+        ]
+
+
 @pytest.fixture
 def clock() -> FixedClock:
     return FixedClock()
 
 
-@pytest.fixture
-def directory(clock: FixedClock) -> FakeNodeDirectory:
-    nodes = FakeNodeDirectory(clock)
-    nodes.registered = {
-        "np-gpu-spot": ["gke-spot-a1", "gke-spot-b1", "gke-spot-c1"],
-        "np-gpu-od": ["gke-od-1", "gke-od-2", "gke-od-3"],
-        "np-cpu": ["gke-cpu-a1", "gke-cpu-b1", "gke-cpu-c1"],
-    }
-    return nodes
-
-
-@pytest.fixture
-def provider(gke: FakeGke, directory: FakeNodeDirectory, clock: FixedClock) -> GkePoolProvider:
+def _provider(gke: FakeGke, clock: FixedClock, **options: float) -> GkePoolProvider:
     return GkePoolProvider(
         client=connect_cluster_manager(gke.endpoint),
+        groups=connect_instance_groups(gke.compute.endpoint),
         cluster=ClusterRef(project="proj", location="europe-west4", cluster="train"),
         node_pools=NODE_POOLS,
-        directory=directory,
+        zones=ZONE_OF,
+        directory=BootedNodes(gke, clock),
         clock=clock,
+        poll_s=0.05,
+        operation_timeout_s=options.get("operation_timeout_s", 10.0),
+        start_timeout_s=options.get("start_timeout_s", 600.0),
     )
+
+
+@pytest.fixture
+def provider(gke: FakeGke, clock: FixedClock) -> GkePoolProvider:
+    return _provider(gke, clock)
 
 
 def _names(nodes: list[tuple[str, str]], pool: str) -> list[str]:
     return sorted(name for name, of in nodes if of == pool)
 
 
-async def test_nodes_are_the_kubernetes_nodes_of_each_pool(provider: GkePoolProvider) -> None:
-    """Before any resize, nodes() is what Kubernetes lists, under spotrain pool names."""
+async def test_nodes_are_the_vms_of_each_pools_groups(provider: GkePoolProvider) -> None:
+    """Every zone's VMs under the pool; a pool with a zone has that zone's only."""
     nodes = [(n.name, n.pool) for n in await provider.nodes()]
-    assert _names(nodes, "gpu-spot") == ["gke-spot-a1", "gke-spot-b1", "gke-spot-c1"]
+    assert _names(nodes, "gpu-spot") == [
+        "gke-train-np-gpu-spot-a-0064",
+        "gke-train-np-gpu-spot-b-0064",
+        "gke-train-np-gpu-spot-c-0064",
+    ]
+    assert _names(nodes, "gpu-spot-b") == ["gke-train-np-gpu-spot-b-0064"]
+    assert len(_names(nodes, "gpu-on-demand")) == 3
     assert _names(nodes, "gone") == []
 
 
-async def test_launch_reads_the_pool_then_sets_a_per_zone_count_rounded_up(
-    provider: GkePoolProvider, gke: FakeGke, clock: FixedClock
+async def test_launch_grows_the_smallest_zones_and_waits_for_each_operation(
+    provider: GkePoolProvider, compute: FakeCompute, clock: FixedClock
 ) -> None:
-    """3 zones at 1 node each, launch 2: 5 nodes round up to 2 per zone, 6 in all."""
+    """3 zones of 1 VM, launch 2: zones a and b go to 2, and only once both resizes are
+    DONE does the launch return, with the names the new VMs will have."""
+    compute.boot_s = 3600.0
     launched = await provider.launch(SPOT, 2)
-
-    assert [(r.method, r.path) for r in gke.requests] == [
-        ("GET", "/v1/projects/proj/locations/europe-west4/clusters/train/nodePools/np-gpu-spot"),
-        (
-            "POST",
-            "/v1/projects/proj/locations/europe-west4/clusters/train/nodePools/np-gpu-spot:setSize",
-        ),
+    assert compute.changes == [
+        ("resize", "gke-train-np-gpu-spot-a-grp", "2"),
+        ("resize", "gke-train-np-gpu-spot-b-grp", "2"),
     ]
-    assert gke.set_sizes() == [("np-gpu-spot", 2)]
-    assert gke.pools["np-gpu-spot"].node_count == 2
-    assert launched == ["np-gpu-spot-pending-3", "np-gpu-spot-pending-4", "np-gpu-spot-pending-5"]
-    spot = [n for n in await provider.nodes() if n.pool == "gpu-spot"]
-    assert len(spot) == 6, "a launched node shows at once, before its VM registers"
-    assert {n.launched_at for n in spot if "pending" in n.name} == {clock.now()}
-
-
-async def test_launch_counts_from_the_size_it_set_not_the_lagging_node_list(
-    provider: GkePoolProvider, gke: FakeGke
-) -> None:
-    """A second launch before the VMs register grows from 6, not from the 3 registered."""
-    await provider.launch(SPOT, 2)
-    await provider.launch(SPOT, 1)
-    assert gke.set_sizes() == [("np-gpu-spot", 2), ("np-gpu-spot", 3)]
+    answered = {name: status for name, status in compute.polled}
+    assert answered == {"operation-1-resize": "DONE", "operation-2-resize": "DONE"}
+    assert len(launched) == 2
+    assert [name.rsplit("-", 1)[0] for name in sorted(launched)] == [
+        "gke-train-np-gpu-spot-a",
+        "gke-train-np-gpu-spot-b",
+    ]
+    spot = {n.name: n for n in await provider.nodes() if n.pool == "gpu-spot"}
+    assert len(spot) == 5, "a launched VM shows at once, before it boots"
+    assert {spot[name].launched_at for name in launched} == {clock.now()}
+    assert all(spot[name].not_started is None for name in launched)
 
 
 async def test_launch_never_exceeds_the_pool_maximum(
-    provider: GkePoolProvider, gke: FakeGke
+    provider: GkePoolProvider, compute: FakeCompute
 ) -> None:
-    """Rounding up to whole zones stops at max_nodes; a launch with no room sets nothing."""
-    await provider.launch(SPOT, 20)
-    assert gke.set_sizes() == [("np-gpu-spot", 4)]
-    assert await provider.launch(SPOT, 1) == []
-    assert gke.set_sizes() == [("np-gpu-spot", 4)]
+    """4 at most, 3 there: a launch of 5 makes 1; a launch with no room changes nothing."""
+    assert len(await provider.launch(ON_DEMAND, 5)) == 1
+    assert await provider.launch(ON_DEMAND, 1) == []
+    assert compute.changes == [("resize", "gke-train-np-gpu-od-a-grp", "4")]
 
 
-async def test_an_autoscaled_pool_is_not_resized(provider: GkePoolProvider, gke: FakeGke) -> None:
-    """GKE's cluster autoscaler owns an autoscaled pool: the provider refuses and says why."""
+async def test_a_pool_with_a_zone_grows_in_that_zone_only(
+    provider: GkePoolProvider, compute: FakeCompute
+) -> None:
+    await provider.launch(SPOT_B, 2)
+    assert compute.changes == [("resize", "gke-train-np-gpu-spot-b-grp", "3")]
+
+
+async def test_release_deletes_that_vm_and_no_other(
+    provider: GkePoolProvider, gke: FakeGke, compute: FakeCompute
+) -> None:
+    """Issue 20, 5: the idle VM the scaler chose goes, its busy neighbours stay; a shrink
+    by size (the node pool's setSize) lets the group pick at random."""
+    od = [n.name for n in await provider.nodes() if n.pool == "gpu-on-demand"]
+    await provider.release(od[1])
+    left = [n.name for n in await provider.nodes() if n.pool == "gpu-on-demand"]
+    assert left == [od[0], od[2]]
+    assert compute.changes == [("deleteInstances", "gke-train-np-gpu-od-a-grp", od[1])]
+    assert gke.set_sizes() == []
+    await provider.release(od[1])  # already gone: nothing asked
+    assert len(compute.changes) == 1
+
+
+async def test_releasing_a_node_no_pool_holds_changes_nothing(
+    provider: GkePoolProvider, compute: FakeCompute
+) -> None:
+    await provider.release("gke-long-gone")
+    assert compute.changes == []
+
+
+async def test_a_failed_deletion_raises_and_the_vm_stays(
+    provider: GkePoolProvider, compute: FakeCompute
+) -> None:
+    """Issue 20, 4: when Compute Engine's deletion fails the release raises (so no
+    `node.released` is announced) and the VM is still listed, to be billed and retried."""
+    od = sorted(n.name for n in await provider.nodes() if n.pool == "gpu-on-demand")
+    compute.failing_deletes = 1
+    with pytest.raises(GkeError, match=f"deleting VM {od[0]}"):
+        await provider.release(od[0])
+    assert od[0] in {n.name for n in await provider.nodes()}
+    await provider.release(od[0])
+    assert od[0] not in {n.name for n in await provider.nodes()}
+
+
+async def test_a_restarted_provider_sees_the_vms_booting(
+    gke: FakeGke, compute: FakeCompute, clock: FixedClock
+) -> None:
+    """Issue 20, 6: what was asked lives in the groups, not in memory. A new provider lists
+    the VMs still booting, grows from the groups' targets, and a release of a running VM
+    leaves every booting one alone."""
+    compute.boot_s = 3600.0
+    booting = await _provider(gke, clock).launch(SPOT, 2)
+    restarted = _provider(gke, clock)
+    spot = {n.name for n in await restarted.nodes() if n.pool == "gpu-spot"}
+    assert set(booting) <= spot
+    assert len(spot) == 5
+    await restarted.launch(SPOT, 1)
+    assert compute.changes[-1] == ("resize", "gke-train-np-gpu-spot-c-grp", "2")
+    await restarted.release("gke-train-np-gpu-spot-a-0064")
+    assert set(booting) <= {n.name for n in await restarted.nodes()}
+
+
+async def test_an_operation_on_the_node_pool_is_busy_not_a_stock_out(
+    provider: GkePoolProvider, gke: FakeGke, compute: FakeCompute
+) -> None:
+    """Issue 20, 3: while GKE upgrades the node pool, its groups are not touched, and the
+    launch says busy (the scaler tries again) rather than failing like a stock-out."""
+    gke.start_operation("UPGRADE_NODES", "np-gpu-spot", seconds=30)
+    with pytest.raises(ProviderBusyError, match=r"operation-1-upgrade_nodes \(UPGRADE_NODES\)"):
+        await provider.launch(SPOT, 1)
+    od = [n.name for n in await provider.nodes() if n.pool == "gpu-on-demand"]
+    await provider.release(od[0])  # another node pool's operation is no reason to wait
+    assert compute.changes == [("deleteInstances", "gke-train-np-gpu-od-a-grp", od[0])]
+
+
+def test_gkes_refusal_of_a_second_operation_reads_as_busy(gke: FakeGke) -> None:
+    """GKE's 400 FAILED_PRECONDITION with reason CLUSTER_ALREADY_HAS_OPERATION, through the
+    real client, is busy; any other 400 is an error."""
+    client = connect_cluster_manager(gke.endpoint)
+    name = "projects/proj/locations/europe-west4/clusters/train/nodePools/np-gpu-od"
+    client.set_node_pool_size(request={"name": name, "node_count": 3})
+    with pytest.raises(ProviderBusyError, match="incompatible operation operation-1"):
+        GkePoolProvider._call(
+            "resizing", lambda: client.set_node_pool_size(request={"name": name, "node_count": 2})
+        )
+
+
+async def test_a_rate_limit_is_busy(provider: GkePoolProvider, compute: FakeCompute) -> None:
+    compute.writes_per_s = 0
+    with pytest.raises(ProviderBusyError, match="429"):
+        await provider.launch(SPOT, 1)
+
+
+async def test_an_operation_that_outlives_the_wait_is_busy(
+    gke: FakeGke, compute: FakeCompute, clock: FixedClock
+) -> None:
+    compute.operation_s = 30.0
+    provider = _provider(gke, clock, operation_timeout_s=0.3)
+    with pytest.raises(ProviderBusyError, match="still running after 0 s"):
+        await provider.launch(SPOT, 1)
+
+
+async def test_a_zone_out_of_the_machine_type_shows_as_not_started(
+    provider: GkePoolProvider, compute: FakeCompute
+) -> None:
+    """Issue 20, 3: a real stock-out never fails the resize; the group keeps retrying the
+    create. The VM is listed as not started, with Compute Engine's words, and can go."""
+    compute.stocked_out.add(ZONES[1])
+    [made] = await provider.launch(SPOT_B, 1)
+    [node] = [n for n in await provider.nodes() if n.name == made and n.pool == "gpu-spot-b"]
+    assert node.not_started is not None
+    assert node.not_started.startswith(f"{STOCK_OUT} in {ZONES[1]}: The zone")
+    await provider.release(made)
+    assert made not in {n.name for n in await provider.nodes()}
+
+
+async def test_a_vm_not_made_in_time_shows_as_not_started(
+    gke: FakeGke, compute: FakeCompute, clock: FixedClock
+) -> None:
+    compute.boot_s = 3600.0
+    provider = _provider(gke, clock, start_timeout_s=600.0)
+    [made] = await provider.launch(ON_DEMAND, 1)
+    clock.advance(timedelta(seconds=599))
+    assert {n.name: n.not_started for n in await provider.nodes()}[made] is None
+    clock.advance(timedelta(seconds=2))
+    why = {n.name: n.not_started for n in await provider.nodes()}[made]
+    assert why == f"not made in {ZONES[0]} after 601 s (CREATING)"
+
+
+async def test_an_autoscaled_pool_is_not_resized(
+    provider: GkePoolProvider, compute: FakeCompute
+) -> None:
+    """GKE's cluster autoscaler owns an autoscaled pool: the provider refuses, says why and
+    how to turn it off."""
     with pytest.raises(NodePoolAutoscaledError, match=r"np-cpu has autoscaling on \(min 1, max 5"):
         await provider.launch(AUTOSCALED, 1)
-    with pytest.raises(OSError, match="cluster autoscaler owns its size"):
-        await provider.release("gke-cpu-a1")
-    assert gke.set_sizes() == []
+    assert compute.changes == []
 
 
 async def test_a_missing_node_pool_is_a_clear_os_error(provider: GkePoolProvider) -> None:
@@ -227,42 +392,6 @@ async def test_an_unmapped_pool_is_an_os_error(provider: GkePoolProvider) -> Non
         await provider.launch(stray, 1)
 
 
-async def test_release_decrements_a_one_zone_pool(
-    provider: GkePoolProvider, gke: FakeGke, directory: FakeNodeDirectory
-) -> None:
-    """Releasing one node of a one-zone pool of 3 sets its size to 2, once."""
-    await provider.release("gke-od-2")
-    await provider.release("gke-od-2")  # still listed while GKE removes a VM: not twice
-    assert gke.set_sizes() == [("np-gpu-od", 2)]
-
-    directory.registered["np-gpu-od"] = ["gke-od-1", "gke-od-3"]  # GKE chose gke-od-2
-    assert _names([(n.name, n.pool) for n in await provider.nodes()], "gpu-on-demand") == [
-        "gke-od-1",
-        "gke-od-3",
-    ]
-    await provider.release("gke-od-3")
-    assert gke.set_sizes() == [("np-gpu-od", 2), ("np-gpu-od", 1)]
-
-
-async def test_release_in_a_multi_zone_pool_waits_for_a_whole_per_zone_step(
-    provider: GkePoolProvider, gke: FakeGke
-) -> None:
-    """setSize counts per zone, so 3 zones shrink only once 3 nodes are released."""
-    await provider.release("gke-spot-a1")
-    await provider.release("gke-spot-b1")
-    assert gke.set_sizes() == []
-    await provider.release("gke-spot-c1")
-    assert gke.set_sizes() == [("np-gpu-spot", 0)]
-
-
-async def test_releasing_a_node_already_gone_does_nothing(
-    provider: GkePoolProvider, gke: FakeGke
-) -> None:
-    """Release is a no-op for a node no pool lists: no GKE call at all."""
-    await provider.release("gke-long-gone")
-    assert gke.requests == []
-
-
 def test_settings_read_the_gke_cluster_and_pool_map(monkeypatch: pytest.MonkeyPatch) -> None:
     """The gke provider's cluster and pool map come from SPOTRAIN_SCALER_GKE_*."""
     monkeypatch.setenv("SPOTRAIN_SCALER_PROVIDER", "gke")
@@ -281,15 +410,8 @@ def test_settings_refuse_an_incomplete_gke_provider() -> None:
         ScalerSettings(provider="gke", gke_project="proj", gke_location="europe-west4")
 
 
-@pytest.fixture
-def compute() -> Iterator[FakeCompute]:
-    fake = FakeCompute(project="proj", zones=ZONES)
-    with serve_fake_compute(fake) as served:
-        yield served
-
-
 async def test_the_end_of_a_vm_is_compute_engines_record_of_its_preemption_or_deletion(
-    gke: FakeGke, directory: FakeNodeDirectory, clock: FixedClock, compute: FakeCompute
+    gke: FakeGke, clock: FixedClock, compute: FakeCompute
 ) -> None:
     """Through the real GlobalOperationsClient, over pages: the first of a VM's preemption
     and deletion, only for the VMs asked about, nothing for one with no record."""
@@ -305,9 +427,10 @@ async def test_the_end_of_a_vm_is_compute_engines_record_of_its_preemption_or_de
     records = ComputeOperationRecords(connect_compute_operations(compute.endpoint), "proj")
     provider = GkePoolProvider(
         client=connect_cluster_manager(gke.endpoint),
+        groups=connect_instance_groups(compute.endpoint),
         cluster=ClusterRef(project="proj", location="europe-west4", cluster="train"),
         node_pools=NODE_POOLS,
-        directory=directory,
+        directory=BootedNodes(gke, clock),
         clock=clock,
         records=records,
     )
@@ -325,3 +448,52 @@ def test_an_unreadable_record_is_a_gke_error(compute: FakeCompute) -> None:
     records = ComputeOperationRecords(connect_compute_operations(compute.endpoint), "other")
     with pytest.raises(GkeError, match="Compute operations of project other"):
         records.ended(["n"])
+
+
+def _checked(gke: FakeGke, clock: FixedClock, node_pools: dict[str, str]) -> GkePoolProvider:
+    return GkePoolProvider(
+        client=connect_cluster_manager(gke.endpoint),
+        groups=connect_instance_groups(gke.compute.endpoint),
+        cluster=ClusterRef(project="proj", location="europe-west4", cluster="train"),
+        node_pools=node_pools,
+        zones={"gpu-spot-d": "europe-west4-d"},
+        directory=BootedNodes(gke, clock),
+        clock=clock,
+    )
+
+
+@pytest.mark.parametrize(
+    ("node_pools", "refusal"),
+    [
+        pytest.param(
+            {"cpu": "np-cpu"},
+            r"pool cpu: GKE node pool np-cpu has autoscaling on .* --no-enable-autoscaling",
+            id="autoscaled",
+        ),
+        pytest.param(
+            {"gone": "np-gone"},
+            r"pool gone: reading GKE node pool .*np-gone: not found .* map the pool to one",
+            id="missing",
+        ),
+        pytest.param(
+            {"gpu-spot-d": "np-gpu-spot"},
+            "pool gpu-spot-d: GKE node pool np-gpu-spot has no instance group in zone "
+            "europe-west4-d",
+            id="no-group-in-the-zone",
+        ),
+    ],
+)
+def test_a_pool_the_scaler_cannot_resize_stops_it_at_start(
+    gke: FakeGke, clock: FixedClock, node_pools: dict[str, str], refusal: str
+) -> None:
+    with pytest.raises(GkeError, match=refusal):
+        _checked(gke, clock, node_pools).check()
+
+
+def test_unreadable_instance_groups_stop_the_scaler_at_start_naming_the_permission(
+    gke: FakeGke, compute: FakeCompute, clock: FixedClock
+) -> None:
+    del compute.groups[(ZONES[0], "gke-train-np-gpu-od-a-grp")]
+    with pytest.raises(GkeError, match=r"needs compute.instanceGroupManagers.get"):
+        _checked(gke, clock, {"gpu-on-demand": "np-gpu-od"}).check()
+    _checked(gke, clock, {"gpu-spot": "np-gpu-spot"}).check()

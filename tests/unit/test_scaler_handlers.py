@@ -148,6 +148,61 @@ async def test_when_spot_capacity_fails_an_any_job_gets_on_demand_on_the_next_pa
     assert [pool.name for pool, _ in cluster.launched.values()] == ["gpu-od"]
 
 
+async def test_a_busy_provider_is_not_a_stock_out(deps: Deps, cluster: FakeCluster) -> None:
+    """Another operation on the pool (GKE's, a rate limit) is "try again", not "no spot":
+    the pool is not parked, nothing is learnt of its market, and the next pass grows it."""
+    cluster.busy.add("gpu-spot")
+    await on_job_queued(queued("job-1"), deps)
+    await reconcile(deps)
+    failed = [data for kind, data in published(deps) if kind.endswith("resize_failed.v1")]
+    assert [f.message for f in failed] == ["another operation is running on gpu-spot"]
+    assert deps.out_of_capacity_until == {}
+    assert deps.knowledge["gpu-spot"].stock_outs == 0
+    cluster.busy.clear()
+    await reconcile(deps)
+    assert [pool.name for pool, _ in cluster.launched.values()] == ["gpu-spot"]
+
+
+async def test_a_node_that_never_started_is_removed_unbilled_and_parks_its_pool(
+    deps: Deps, cluster: FakeCluster, clock: FixedClock
+) -> None:
+    """A spot VM whose create the zone cannot serve is a stock-out found after the launch:
+    it is deleted, billed nothing (its end is its launch), and `any` jobs go on-demand."""
+    on_demand = SPOT.model_copy(
+        update={"name": "gpu-od", "capacity": CapacityClass.ON_DEMAND, "price_per_hour_usd": 2.0}
+    )
+    deps.pools = (SPOT, on_demand)
+    anyone = queued("job-any").model_copy(
+        update={"data": queued("job-any").data.model_copy(update={"capacity": CapacityClass.ANY})}
+    )
+    await on_job_queued(anyone, deps)
+    await reconcile(deps)
+    assert list(cluster.launched) == ["gpu-spot-1"]
+    launched_at = cluster.launched["gpu-spot-1"][1]
+    clock.advance(timedelta(minutes=5))
+    cluster.unstarted["gpu-spot-1"] = "ZONE_RESOURCE_POOL_EXHAUSTED in europe-west4-a"
+    await reconcile(deps)
+    assert "gpu-spot-1" in cluster.released
+    released = [data for kind, data in published(deps) if kind.endswith("node.released.v1")]
+    assert [(r.node, r.reason.value, r.released_at) for r in released] == [
+        ("gpu-spot-1", "never-started", launched_at)
+    ]
+    assert deps.knowledge["gpu-spot"].stock_outs == 1
+    assert [pool.name for pool, _ in cluster.launched.values()] == ["gpu-od"]
+
+
+async def test_an_unstarted_node_whose_removal_fails_stays_billed_and_listed(
+    deps: Deps, cluster: FakeCluster
+) -> None:
+    await on_job_queued(queued("job-1"), deps)
+    await reconcile(deps)
+    cluster.unstarted["gpu-spot-1"] = "QUOTA_EXCEEDED"
+    cluster.release_fails.add("gpu-spot-1")
+    await reconcile(deps)
+    assert not [kind for kind, _ in published(deps) if kind.endswith("node.released.v1")]
+    assert "gpu-spot-1" in deps.billed_nodes
+
+
 async def test_room_wanted_for_a_move_grows_spot_and_is_withdrawn_when_the_attempt_ends(
     deps: Deps, cluster: FakeCluster
 ) -> None:

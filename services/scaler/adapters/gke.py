@@ -1,34 +1,57 @@
-"""`PoolProvider` on GKE: node pools resized with the container API's `setSize`, their
-nodes read from Kubernetes. GKE sizes a node pool per zone and picks which VM goes."""
+"""`PoolProvider` on GKE: each pool is a GKE node pool (or one zone of it), whose VMs are
+the zonal managed instance groups GKE made for it; the provider grows and shrinks those
+groups through the Compute API, VM by VM, and reads their nodes from Kubernetes."""
 
 from __future__ import annotations
 
 import asyncio
-import math
-from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass, field
+import concurrent.futures
+import re
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, Self, TypeVar
 
 import structlog
 from google.api_core.client_options import ClientOptions
-from google.api_core.exceptions import GoogleAPIError, NotFound
+from google.api_core.exceptions import (
+    BadRequest,
+    Conflict,
+    GoogleAPIError,
+    NotFound,
+    ServiceUnavailable,
+    TooManyRequests,
+)
+from google.api_core.future.polling import DEFAULT_POLLING
 from google.auth.credentials import AnonymousCredentials
 from google.auth.exceptions import GoogleAuthError
-from google.cloud.compute_v1 import GlobalOperationsClient
-from google.cloud.container_v1 import ClusterManagerClient, NodePool
+from google.cloud.compute_v1 import (
+    GlobalOperationsClient,
+    InstanceGroupManagersClient,
+    InstanceGroupManagersDeleteInstancesRequest,
+    ManagedInstance,
+    ZoneOperationsClient,
+)
+from google.cloud.container_v1 import ClusterManagerClient, NodePool, Operation
 
 from services.scaler.model import PoolSpec, StoppedNode
-from services.scaler.ports import ProvidedNode
+from services.scaler.ports import ProvidedNode, ProviderBusyError
 from shared.clock import Clock
 from shared.cost.node_ends import NodeEnd
 from shared.events.data import NodeEndSource
 
 NODE_POOL_LABEL = "cloud.google.com/gke-nodepool"
 """The label GKE puts on every Kubernetes node with the name of its node pool."""
-PENDING = "pending"
-"""Placeholder nodes are named `<gke-pool>-pending-<i>`: asked for, not yet registered."""
 CALL_TIMEOUT_S = 30.0
+STARTING = frozenset({"CREATING", "CREATING_WITHOUT_RETRIES", "VERIFYING"})
+"""A managed instance's `currentAction` while its VM is being made."""
+LEAVING = frozenset({"DELETING", "ABANDONING"})
+"""A managed instance's `currentAction` once it is going: no longer the pool's."""
+BUSY_REASONS = frozenset({"CLUSTER_ALREADY_HAS_OPERATION"})
+"""GKE's ErrorInfo reasons for "another operation runs on this cluster: wait"."""
+OPERATING = frozenset(
+    {Operation.Status.PENDING, Operation.Status.RUNNING, Operation.Status.ABORTING}
+)
 
 log = structlog.get_logger()
 T = TypeVar("T")
@@ -49,19 +72,20 @@ class NodePoolAutoscaledError(GkeError):
     """The node pool has GKE autoscaling on: its size belongs to the cluster autoscaler."""
 
 
-def per_zone_count(current_total: int, delta: int, zones: int, max_total: int) -> int:
-    """The `setSize` node count, which GKE applies to each of the pool's `zones` zones.
-
-    Asks for `current_total + delta` nodes rounded UP to a whole number per zone, so a
-    launch gets at least what it asked and a release never removes more than it asked;
-    capped so `per_zone * zones` never exceeds `max_total`; never below zero.
-    Pure: no I/O, no side effects.
-    """
-    if zones < 1:
-        msg = f"a node pool has at least one zone, not {zones}"
+def spread(sizes: Sequence[int], count: int) -> list[int]:
+    """How many VMs to add to each of a node pool's zonal groups, now of these `sizes`, to
+    grow it by `count`: one at a time to the smallest group (the first of equals), so the
+    zones stay even and a growth never shrinks any of them. Pure."""
+    if count < 0:
+        msg = f"a growth adds VMs, not {count}"
         raise ValueError(msg)
-    wanted = max(0, current_total + delta)
-    return max(0, min(math.ceil(wanted / zones), max_total // zones))
+    added = [0] * len(sizes)
+    if not sizes:
+        return added
+    for _ in range(count):
+        smallest = min(range(len(sizes)), key=lambda i: sizes[i] + added[i])
+        added[smallest] += 1
+    return added
 
 
 @dataclass(frozen=True)
@@ -178,42 +202,58 @@ class ClusterRef:
         )
 
 
-@dataclass
-class _Pool:
-    """What this provider knows of one GKE node pool beyond what Kubernetes shows."""
+@dataclass(frozen=True)
+class InstanceGroupRef:
+    """One zonal managed instance group of a node pool, as its URL names it."""
 
-    wanted: int | None = None
-    """The total it last set (per-zone count x zones); None until it resizes the pool."""
-    wanted_at: datetime | None = None
-    releasing: set[str] = field(default_factory=set)
-    """Nodes asked to go whose decrement waits for a whole per-zone step."""
-    spent: set[str] = field(default_factory=set)
-    """Nodes already counted in a decrement; ignored until Kubernetes no longer lists them."""
+    project: str
+    zone: str
+    name: str
+
+    _URL = re.compile(
+        r"/projects/(?P<project>[^/]+)/zones/(?P<zone>[^/]+)"
+        r"/(?:instanceGroupManagers|instanceGroups)/(?P<name>[^/?]+)$"
+    )
+
+    @classmethod
+    def from_url(cls, url: str) -> Self:
+        match = cls._URL.search(url)
+        if match is None:
+            msg = f"not the URL of a zonal instance group: {url}"
+            raise GkeError(msg)
+        return cls(match["project"], match["zone"], match["name"])
+
+    def __str__(self) -> str:
+        return f"instance group {self.name} in {self.zone}"
 
 
 class GkePoolProvider:
-    """Resizes GKE node pools; each spotrain pool maps to one GKE node pool.
+    """Resizes GKE node pools through their managed instance groups; each spotrain pool maps
+    to one GKE node pool, and to one zone of it when the pool names a zone.
 
-    Semantics, and how they differ from the local provider:
-    - `nodes()` lists the Kubernetes nodes labelled with the GKE node pool: real node
-      names, as the Ray pods on them report (the KubeRay worker group must label its Ray
-      node `spotrain-node=<Kubernetes node name>` for the scaler to match them). The
-      container API does not report a pool's current size, so after a resize this
-      provider pads the list with placeholders `<gke-pool>-pending-<i>` up to the size it
-      set, until the VMs register; a launched node thus shows at once, as the port says.
-    - `launch()` reads the node pool first and refuses (`NodePoolAutoscaledError`) a pool with
-      GKE autoscaling on: its size is the cluster autoscaler's, and resizing it would fight
-      the autoscaler's bounds. Otherwise it calls `setSize`, whose count is PER ZONE: the
-      new total is rounded up to a whole number per zone (3 zones, 3 nodes, launch 2 →
-      2 per zone, 6 nodes) and capped at the pool's `max_nodes`. It does not wait for the
-      long-running operation; its name is logged.
-    - `release(node)` cannot choose the VM: `setSize` removes whichever VMs GKE picks. It
-      counts the node as released and shrinks the pool once a whole per-zone step is
-      released (one node in a one-zone pool, three in a three-zone pool). A counted node is
-      not counted again while Kubernetes still lists it. Deleting the very VM would take
-      the Compute API's `instanceGroupManagers.deleteInstances` on the node's group.
-    - What this provider set lives in memory: after a restart it starts from the nodes
-      Kubernetes lists.
+    Semantics:
+    - `nodes()` lists the managed instances of the pool's groups that are not going
+      (`DELETING`, `ABANDONING`): the VMs GKE is making show at once, under the names
+      they will have as Kubernetes nodes (the KubeRay worker group labels its Ray node
+      `spotrain-node=<Kubernetes node name>` for the scaler to match them). The group's
+      target, not this process's memory, is what there is: a restarted scaler sees
+      the VMs still booting, and never sizes below them.
+    - A VM whose create failed (`lastAttempt.errors`: `ZONE_RESOURCE_POOL_EXHAUSTED`, a
+      quota) or has not been made after `start_timeout_s` is listed with `not_started`:
+      the zone cannot serve it now. Compute Engine would retry it for ever, and a real
+      stock-out never makes a call fail.
+    - `launch()` refuses a pool with GKE autoscaling on (`NodePoolAutoscaledError`: the
+      cluster autoscaler owns its size). It grows the smallest zonal groups one VM at a
+      time (`resize` to their target plus what they take), never past `max_nodes`, and
+      waits for each operation.
+    - `release(node)` deletes that very VM (`deleteInstances`, which lowers the target by
+      one), never another: a shrink by size would let each group pick VMs at random,
+      busy ones included. It returns once Compute Engine accepted the deletion; when it
+      raises, the VM is still there and still billed.
+    - While a GKE operation runs on the cluster or the node pool (an upgrade, a repair,
+      someone's resize), and when the API answers 409, 429 or 503, or an operation
+      outlives `operation_timeout_s`, the call raises `ProviderBusyError`: try again,
+      this is no stock-out.
     - `ended(nodes)` reads Compute Engine's record of when each VM stopped (its
       preemption or deletion operation), through `records` when given.
     - Errors from Google or Kubernetes leave as `GkeError` (an `OSError`).
@@ -223,19 +263,62 @@ class GkePoolProvider:
         self,
         *,
         client: ClusterManagerClient,
+        groups: InstanceGroupManagersClient,
         cluster: ClusterRef,
         node_pools: Mapping[str, str],
         directory: NodeDirectory,
         clock: Clock,
+        zones: Mapping[str, str | None] | None = None,
         records: InstanceRecords | None = None,
+        start_timeout_s: float = 900.0,
+        operation_timeout_s: float = 120.0,
+        poll_s: float = 1.0,
     ) -> None:
-        self._records = records
         self._client = client
+        self._groups = groups
         self._cluster = cluster
         self._node_pools = dict(node_pools)
+        self._zones = dict(zones or {})
         self._directory = directory
         self._clock = clock
-        self._pools: dict[str, _Pool] = {gke: _Pool() for gke in self._node_pools.values()}
+        self._records = records
+        self._start_timeout_s = start_timeout_s
+        self._operation_timeout_s = operation_timeout_s
+        # The library's own polling (retrying while the operation is not done), paced.
+        self._polling = DEFAULT_POLLING.with_delay(
+            initial=poll_s, maximum=max(poll_s, 10.0), multiplier=1.5
+        )
+        self._group_refs: dict[str, list[InstanceGroupRef]] = {}
+        self._first_seen: dict[str, datetime] = {}
+
+    def check(self) -> None:
+        """At start: each mapped node pool exists, GKE does not autoscale it, and its
+        instance groups can be read; else a `GkeError` that names the pool and the fix."""
+        for pool, gke_pool in self._node_pools.items():
+            try:
+                self._read_resizable(gke_pool)
+                groups = self._pool_groups(pool)
+            except NodePoolNotFoundError as error:
+                msg = (
+                    f"pool {pool}: {error}; create the node pool, or map the pool to one "
+                    "that exists in SPOTRAIN_SCALER_GKE_NODE_POOLS"
+                )
+                raise GkeError(msg) from error
+            except GkeError as error:
+                raise GkeError(f"pool {pool}: {error}") from error
+            if not groups:
+                where = f" in zone {self._zones[pool]}" if self._zones.get(pool) else ""
+                msg = f"pool {pool}: GKE node pool {gke_pool} has no instance group{where}"
+                raise GkeError(msg)
+            for group in groups:
+                try:
+                    self._target_size(group)
+                except GkeError as error:
+                    msg = (
+                        f"pool {pool}: {error}; the scaler's service account needs "
+                        "compute.instanceGroupManagers.get (docs/deploy-gke.md, step 2)"
+                    )
+                    raise GkeError(msg) from error
 
     async def nodes(self) -> list[ProvidedNode]:
         return await asyncio.to_thread(self._nodes)
@@ -261,72 +344,121 @@ class GkePoolProvider:
         return []
 
     def _nodes(self) -> list[ProvidedNode]:
+        now = self._clock.now()
         provided = []
-        for pool, gke_pool in self._node_pools.items():
-            provided += [
-                ProvidedNode(name=name, pool=pool, launched_at=at)
-                for name, at in self._listed(gke_pool)
-            ]
+        for pool, gke_pool, groups in self._every_pool():
+            registered = {n.name: n.created_at for n in self._directory.nodes(gke_pool)}
+            for group in groups:
+                for instance in self._instances(group):
+                    if instance.current_action in LEAVING:
+                        continue
+                    name = instance.name
+                    at = (
+                        self._first_seen.get(name)
+                        or registered.get(name)
+                        or self._first_seen.setdefault(name, now)
+                    )
+                    why = None if name in registered else self._not_started(instance, group, at)
+                    provided.append(
+                        ProvidedNode(name=name, pool=pool, launched_at=at, not_started=why)
+                    )
+        listed = {node.name for node in provided}
+        self._first_seen = {n: at for n, at in self._first_seen.items() if n in listed}
         return provided
 
-    def _listed(self, gke_pool: str) -> list[tuple[str, datetime]]:
-        """The pool's registered nodes, padded with placeholders up to the size last set."""
-        state = self._pools[gke_pool]
-        registered = self._directory.nodes(gke_pool)
-        names = {n.name for n in registered}
-        state.spent &= names
-        listed = [(n.name, n.created_at) for n in registered]
-        if state.wanted is not None and state.wanted_at is not None:
-            listed += [
-                (_placeholder(gke_pool, i), state.wanted_at)
-                for i in range(len(registered), state.wanted)
-            ]
-        live = {name for name, _ in listed}
-        state.releasing &= live
-        return listed
+    def _not_started(
+        self, instance: ManagedInstance, group: InstanceGroupRef, since: datetime
+    ) -> str | None:
+        if instance.current_action not in STARTING:
+            return None
+        errors = instance.last_attempt.errors.errors
+        if errors:
+            return f"{errors[0].code} in {group.zone}: {errors[0].message}"
+        waited = (self._clock.now() - since).total_seconds()
+        if waited > self._start_timeout_s:
+            return f"not made in {group.zone} after {waited:.0f} s ({instance.current_action})"
+        return None
 
     def _launch(self, pool: PoolSpec, count: int) -> list[str]:
         gke_pool = self._gke_pool(pool.name)
-        zones = self._zones_of_resizable(gke_pool)
-        before = self._listed(gke_pool)
-        current = self._current(gke_pool, len(before))
-        per_zone = per_zone_count(current, count, zones, pool.max_nodes)
-        if per_zone * zones <= current:
+        self._refuse_while_operating(gke_pool)
+        self._read_resizable(gke_pool)
+        groups = self._pool_groups(pool.name)
+        if not groups:
+            msg = f"GKE node pool {gke_pool} has no instance group in zone {pool.zone}"
+            raise GkeError(msg)
+        sizes = [self._target_size(group) for group in groups]
+        room = max(0, pool.max_nodes - sum(sizes))
+        if count > room:
             log.warning(
                 "gke.launch_capped",
                 gke_pool=gke_pool,
-                current=current,
+                current=sum(sizes),
                 asked=count,
                 max_nodes=pool.max_nodes,
-                zones=zones,
             )
-            return []
-        self._set_size(gke_pool, per_zone, zones, reason="launch")
-        return [name for name, _ in self._listed(gke_pool)[len(before) :]]
+        adds = spread(sizes, min(count, room))
+        launched: list[str] = []
+        for group, size, more in zip(groups, sizes, adds, strict=True):
+            if more == 0:
+                continue
+            before = {i.name for i in self._instances(group)}
+            self._resize(group, size + more)
+            made = sorted(i.name for i in self._instances(group) if i.name not in before)
+            for name in made:
+                self._first_seen.setdefault(name, self._clock.now())
+            log.info("gke.resize", gke_pool=gke_pool, group=group.name, size=size + more, made=made)
+            launched += made
+        return launched
+
+    def _resize(self, group: InstanceGroupRef, size: int) -> None:
+        what = f"resizing {group} to {size}"
+        operation = self._call(
+            what,
+            lambda: self._groups.resize(
+                project=group.project,
+                zone=group.zone,
+                instance_group_manager=group.name,
+                size=size,
+                timeout=CALL_TIMEOUT_S,
+            ),
+        )
+        self._wait(what, operation)
 
     def _release(self, node: str) -> None:
-        gke_pool, listed = self._find(node)
-        if gke_pool is None:
-            return  # already gone
-        state = self._pools[gke_pool]
-        if node in state.spent or node in state.releasing:
-            return
-        zones = self._zones_of_resizable(gke_pool)
-        current = self._current(gke_pool, len(listed))
-        state.releasing.add(node)
-        per_zone = per_zone_count(current, -len(state.releasing), zones, current)
-        if per_zone * zones >= current:
-            log.info(
-                "gke.release_deferred",
-                gke_pool=gke_pool,
-                node=node,
-                releasing=len(state.releasing),
-                zones=zones,
-            )
-            return
-        self._set_size(gke_pool, per_zone, zones, reason="release")
-        state.spent |= state.releasing
-        state.releasing.clear()
+        found = self._holder(node)
+        if found is None:
+            return  # already gone, or going
+        gke_pool, group, instance = found
+        self._refuse_while_operating(gke_pool)
+        what = f"deleting VM {node} from {group}"
+        # Skipping a VM no longer in the group makes a deletion raced by a preemption a
+        # no-op, not an error.
+        body = InstanceGroupManagersDeleteInstancesRequest(
+            instances=[instance.instance], skip_instances_on_validation_error=True
+        )
+        self._wait(
+            what,
+            self._call(
+                what,
+                lambda: self._groups.delete_instances(
+                    project=group.project,
+                    zone=group.zone,
+                    instance_group_manager=group.name,
+                    instance_group_managers_delete_instances_request_resource=body,
+                    timeout=CALL_TIMEOUT_S,
+                ),
+            ),
+        )
+        log.info("gke.deleted", gke_pool=gke_pool, group=group.name, node=node)
+
+    def _holder(self, node: str) -> tuple[str, InstanceGroupRef, ManagedInstance] | None:
+        for _pool, gke_pool, groups in self._every_pool():
+            for group in groups:
+                for instance in self._instances(group):
+                    if instance.name == node and instance.current_action not in LEAVING:
+                        return gke_pool, group, instance
+        return None
 
     def _gke_pool(self, pool: str) -> str:
         try:
@@ -335,55 +467,101 @@ class GkePoolProvider:
             msg = f"no GKE node pool is mapped to pool {pool!r}"
             raise GkeError(msg) from None
 
-    def _find(self, node: str) -> tuple[str | None, list[tuple[str, datetime]]]:
-        for gke_pool in self._node_pools.values():
-            listed = self._listed(gke_pool)
-            if any(name == node for name, _ in listed):
-                return gke_pool, listed
-        return None, []
+    def _every_pool(self) -> list[tuple[str, str, list[InstanceGroupRef]]]:
+        """(pool, GKE node pool, its groups) of each mapped pool whose node pool exists."""
+        found = []
+        for pool, gke_pool in self._node_pools.items():
+            try:
+                found.append((pool, gke_pool, self._pool_groups(pool)))
+            except NodePoolNotFoundError as error:
+                # Gone, or never made: it holds no VM. Any other error stops the listing,
+                # or a pool that cannot be read for a moment would look emptied.
+                log.warning("gke.node_pool_missing", pool=pool, error=str(error))
+        return found
 
-    def _current(self, gke_pool: str, listed: int) -> int:
-        """The size last set, which Kubernetes lags behind; what it lists when none was."""
-        wanted = self._pools[gke_pool].wanted
-        return listed if wanted is None else wanted
+    def _pool_groups(self, pool: str) -> list[InstanceGroupRef]:
+        """The node pool's zonal groups (read once), those of the pool's zone if it has one."""
+        gke_pool = self._gke_pool(pool)
+        if gke_pool not in self._group_refs:
+            node_pool = self._read_node_pool(gke_pool)
+            self._group_refs[gke_pool] = [
+                InstanceGroupRef.from_url(url) for url in node_pool.instance_group_urls
+            ]
+        zone = self._zones.get(pool)
+        return [g for g in self._group_refs[gke_pool] if zone is None or g.zone == zone]
 
-    def _zones_of_resizable(self, gke_pool: str) -> int:
-        """Reads the node pool; its zone count, or an error if it is not ours to resize."""
+    def _instances(self, group: InstanceGroupRef) -> list[ManagedInstance]:
+        pages = self._call(
+            f"listing the VMs of {group}",
+            lambda: self._groups.list_managed_instances(
+                project=group.project,
+                zone=group.zone,
+                instance_group_manager=group.name,
+                timeout=CALL_TIMEOUT_S,
+            ),
+        )
+        return self._call(f"listing the VMs of {group}", lambda: list(pages))
+
+    def _target_size(self, group: InstanceGroupRef) -> int:
+        manager = self._call(
+            f"reading {group}",
+            lambda: self._groups.get(
+                project=group.project,
+                zone=group.zone,
+                instance_group_manager=group.name,
+                timeout=CALL_TIMEOUT_S,
+            ),
+        )
+        return int(manager.target_size)
+
+    def _read_node_pool(self, gke_pool: str) -> NodePool:
         name = self._cluster.node_pool(gke_pool)
-        node_pool: NodePool = self._call(
+        return self._call(
             f"reading GKE node pool {name}",
             lambda: self._client.get_node_pool(name=name, timeout=CALL_TIMEOUT_S),
         )
+
+    def _read_resizable(self, gke_pool: str) -> None:
+        """Refuses a node pool that is not ours to resize: one GKE autoscales."""
+        node_pool = self._read_node_pool(gke_pool)
         if node_pool.autoscaling.enabled:
             bounds = node_pool.autoscaling
             msg = (
                 f"GKE node pool {gke_pool} has autoscaling on "
                 f"(min {bounds.min_node_count}, max {bounds.max_node_count} per zone): "
-                "the cluster autoscaler owns its size, spotrain does not resize it"
+                "the cluster autoscaler owns its size, spotrain does not resize it; turn it "
+                f"off (gcloud container node-pools update {gke_pool} --no-enable-autoscaling)"
             )
             raise NodePoolAutoscaledError(msg)
-        return max(1, len(node_pool.locations))
 
-    def _set_size(self, gke_pool: str, per_zone: int, zones: int, *, reason: str) -> None:
-        name = self._cluster.node_pool(gke_pool)
-        operation = self._call(
-            f"resizing GKE node pool {name} to {per_zone} per zone",
-            lambda: self._client.set_node_pool_size(
-                request={"name": name, "node_count": per_zone}, timeout=CALL_TIMEOUT_S
-            ),
+    def _refuse_while_operating(self, gke_pool: str) -> None:
+        """GKE runs one operation at a time on a cluster, and an upgrade or repair of the
+        node pool works on its groups: changing them meanwhile would fight it."""
+        parent = f"projects/{self._cluster.project}/locations/{self._cluster.location}"
+        listed = self._call(
+            f"listing the GKE operations of {parent}",
+            lambda: self._client.list_operations(parent=parent, timeout=CALL_TIMEOUT_S),
         )
-        state = self._pools[gke_pool]
-        state.wanted = per_zone * zones
-        state.wanted_at = self._clock.now()
-        log.info(
-            "gke.resize",
-            gke_pool=gke_pool,
-            per_zone=per_zone,
-            zones=zones,
-            total=state.wanted,
-            reason=reason,
-            operation=operation.name,
-        )
+        cluster = f"/clusters/{self._cluster.cluster}"
+        ours = (cluster, f"{cluster}/nodePools/{gke_pool}")
+        for operation in listed.operations:
+            if operation.status in OPERATING and operation.target_link.endswith(ours):
+                msg = (
+                    f"GKE operation {operation.name} ({operation.operation_type.name}) is "
+                    f"running on {operation.target_link.rsplit('/projects/', 1)[-1]}"
+                )
+                raise ProviderBusyError(msg)
+
+    def _wait(self, what: str, operation: Any) -> None:
+        """Until Compute Engine's operation is done; busy when it outlives the timeout."""
+        try:
+            operation.result(timeout=self._operation_timeout_s, polling=self._polling)
+        except concurrent.futures.TimeoutError:
+            msg = f"{what}: still running after {self._operation_timeout_s:.0f} s"
+            raise ProviderBusyError(msg) from None
+        except (GoogleAPIError, GoogleAuthError) as error:
+            msg = f"{what}: {error}"
+            raise GkeError(msg) from error
 
     @staticmethod
     def _call(what: str, call: Callable[[], T]) -> T:
@@ -392,13 +570,18 @@ class GkePoolProvider:
         except NotFound as error:
             msg = f"{what}: not found ({error.message})"
             raise NodePoolNotFoundError(msg) from error
+        except (TooManyRequests, Conflict, ServiceUnavailable) as error:
+            msg = f"{what}: busy, try again ({error.code} {error.message})"
+            raise ProviderBusyError(msg) from error
+        except BadRequest as error:
+            if error.reason in BUSY_REASONS:
+                msg = f"{what}: busy, try again ({error.message})"
+                raise ProviderBusyError(msg) from error
+            msg = f"{what}: {error}"
+            raise GkeError(msg) from error
         except (GoogleAPIError, GoogleAuthError) as error:
             msg = f"{what}: {error}"
             raise GkeError(msg) from error
-
-
-def _placeholder(gke_pool: str, index: int) -> str:
-    return f"{gke_pool}-{PENDING}-{index}"
 
 
 def connect_cluster_manager(api_endpoint: str | None = None) -> ClusterManagerClient:
@@ -413,3 +596,22 @@ def connect_cluster_manager(api_endpoint: str | None = None) -> ClusterManagerCl
         transport="rest",
         client_options=ClientOptions(api_endpoint=api_endpoint),
     )
+
+
+def connect_instance_groups(api_endpoint: str | None = None) -> InstanceGroupManagersClient:
+    """As `connect_cluster_manager`, for the Compute API's managed instance groups."""
+    if api_endpoint is None:
+        return InstanceGroupManagersClient(transport="rest")
+    plain_http = api_endpoint.startswith("http://")
+    credentials = AnonymousCredentials() if plain_http else None  # type: ignore[no-untyped-call]
+    options = ClientOptions(api_endpoint=api_endpoint)
+    client = InstanceGroupManagersClient(
+        credentials=credentials, transport="rest", client_options=options
+    )
+    # The client polls its operations through a ZoneOperationsClient it makes itself, on
+    # the default endpoint whatever the options say (google-cloud-compute 1.x): give it
+    # one on the same endpoint, or another endpoint's operations are polled on Google's.
+    client.transport._extended_operations_services["zone_operations"] = ZoneOperationsClient(
+        credentials=credentials, transport="rest", client_options=options
+    )
+    return client
