@@ -218,8 +218,7 @@ async def reconcile(deps: Deps) -> ScalePlan:
             else:
                 for name in decided.release:
                     if any(n.name == name and n.pool == pool_plan.pool for n in provided):
-                        await deps.provider.release(name)
-                        await _node_released(deps, name, pool_plan.pool, ReleaseReason.SCALED_DOWN)
+                        await _release_idle(deps, name, pool_plan.pool)
         except OSError as error:
             if pool_plan.target > pool_plan.current and not isinstance(error, ProviderBusyError):
                 # Likely no capacity of this kind in the zone now (a spot stock-out): stop
@@ -237,6 +236,17 @@ async def reconcile(deps: Deps) -> ScalePlan:
     await _learn(deps, provided, taken_back=taken_back, stocked_out=stocked_out, now=now)
     await _report_blocked(deps, decided)
     return decided
+
+
+async def _release_idle(deps: Deps, name: str, pool: str) -> None:
+    """Drained in Ray first: Ray refuses a node that took work since this pass saw it idle,
+    and that node stays; one Ray agreed to let go takes no more work while its VM goes."""
+    refusal = await deps.observer.drain_idle(name)
+    if refusal is not None:
+        log.info("node.release_refused", node=name, pool=pool, why=refusal)
+        return
+    await deps.provider.release(name)
+    await _node_released(deps, name, pool, ReleaseReason.SCALED_DOWN)
 
 
 async def _remove_unstarted(

@@ -59,6 +59,13 @@ class ClusterObserver(Protocol):
         """Live nodes by spotrain node name; nodes spotrain did not start are left out."""
         ...
 
+    async def drain_idle(self, node: str) -> str | None:
+        """Ask Ray to let an idle node go before its VM is deleted (Ray's idle-termination
+        drain, which Ray refuses for a node that took work since it was seen idle).
+        None once Ray agreed, or when Ray holds no such live node; else Ray's refusal.
+        Once agreed, Ray places nothing more there."""
+        ...
+
 
 class DemandStore(Protocol):
     """Pending demand, in a bucket the scaler alone writes, so a restart loses none."""

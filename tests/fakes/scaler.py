@@ -97,9 +97,18 @@ class FakeCluster:
 class FakeObserver:
     def __init__(self, cluster: FakeCluster) -> None:
         self._cluster = cluster
+        self.took_work: set[str] = set()
+        """Nodes that took work since they were seen idle: Ray refuses to drain them."""
+        self.drained: list[str] = []
 
     async def nodes(self) -> dict[str, ObservedNode]:
         return await self._cluster.observed()
+
+    async def drain_idle(self, node: str) -> str | None:
+        if node in self.took_work:
+            return "The node to be idle terminated is no longer idle."
+        self.drained.append(node)
+        return None
 
 
 class InMemoryDemandStore:

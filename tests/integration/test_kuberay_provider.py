@@ -53,6 +53,9 @@ class NoRay:
     async def nodes(self) -> dict[str, Any]:
         return {}
 
+    async def drain_idle(self, node: str) -> str | None:
+        return None
+
 
 @pytest.fixture
 def clock() -> FixedClock:

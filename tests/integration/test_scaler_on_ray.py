@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from services.scaler.adapters.ray_cluster import RayClusterObserver
 from shared.events import decode, new_event
 from shared.events.data import JobCancelRequested
 from shared.events.types import Bundle, CapacityClass
@@ -75,7 +76,10 @@ async def test_a_two_gpu_job_adds_exactly_one_node_which_goes_when_idle(
     cluster: LocalStackSettings, bus: JetStreamBus, tmp_path: Path
 ) -> None:
     assert nodes(cluster) == []
-    script = "import time; time.sleep(3); print('trained')"
+    go = tmp_path / "go"
+    script = (
+        f"import os, time\nwhile not os.path.exists({str(go)!r}): time.sleep(0.1)\nprint('trained')"
+    )
     request = job_requested(
         "job-two-gpus",
         entrypoint=("python", "-c", script),
@@ -95,6 +99,18 @@ async def test_a_two_gpu_job_adds_exactly_one_node_which_goes_when_idle(
         peak.update(nodes(cluster))
         return await succeeded()
 
+    async def started() -> bool:
+        peak.update(nodes(cluster))
+        return any(
+            getattr(e, "job_id", None) == "job-two-gpus" for e in await events(bus, "job.started")
+        )
+
+    await eventually(started, timeout_s=90, interval_s=0.25)
+    # A node at work is not Ray's to let go as idle, whatever a scaler thought it saw.
+    refusal = await RayClusterObserver(cluster.gcs_address).drain_idle("gpu-spot-1")
+    assert refusal is not None
+    assert "no longer idle" in refusal
+    go.touch()
     await eventually(done_while_counting, timeout_s=90, interval_s=0.25)
     assert peak == {"gpu-spot-1"}, "exactly one node of the spot pool"
     resized = [e for e in await events(bus, "pool.resized") if e.pool == "gpu-spot"]

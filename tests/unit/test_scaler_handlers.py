@@ -116,6 +116,29 @@ async def test_an_idle_node_goes_after_the_timeout_once_its_job_started(
     clock.advance(timedelta(minutes=2))
     await reconcile(deps)
     assert cluster.released == ["gpu-spot-1"]
+    assert isinstance(deps.observer, FakeObserver)
+    assert deps.observer.drained == ["gpu-spot-1"], "drained in Ray before its VM goes"
+
+
+async def test_a_node_ray_will_not_drain_is_kept(
+    deps: Deps, cluster: FakeCluster, clock: FixedClock
+) -> None:
+    """Seen idle, but it took work before the release: Ray refuses the idle drain, and the
+    node stays, billed and announced as before."""
+    await on_job_queued(queued("job-1"), deps)
+    await reconcile(deps)
+    started = JobStarted(job_id="job-1", attempt=1, submission_id="job-1-1")
+    await on_job_settled(new_event(started, source="submitter", time=NOW), deps)
+    cluster.idle_s["gpu-spot-1"] = 61
+    assert isinstance(deps.observer, FakeObserver)
+    deps.observer.took_work.add("gpu-spot-1")
+    clock.advance(timedelta(minutes=2))
+    await reconcile(deps)
+    assert cluster.released == []
+    assert not [kind for kind, _ in published(deps) if kind.endswith("node.released.v1")]
+    deps.observer.took_work.clear()
+    await reconcile(deps)
+    assert cluster.released == ["gpu-spot-1"]
 
 
 async def test_demand_over_the_budget_is_held_and_said_once(

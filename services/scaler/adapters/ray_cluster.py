@@ -12,7 +12,8 @@ from services.scaler.ports import ObservedNode
 from shared.resources import NODE_LABEL
 
 _RUNNING, _IDLE, _DRAINING = 1, 3, 4  # ray.core.generated.autoscaler_pb2.NodeStatus
-_DEAD = 1  # ray.core.generated.gcs_pb2.GcsNodeInfo.GcsNodeState
+_ALIVE, _DEAD = 0, 1  # ray.core.generated.gcs_pb2.GcsNodeInfo.GcsNodeState
+_IDLE_TERMINATION = 1  # ray.core.generated.autoscaler_pb2.DrainNodeReason
 
 
 class RayClusterObserver:
@@ -23,13 +24,32 @@ class RayClusterObserver:
     async def nodes(self) -> dict[str, ObservedNode]:
         return await asyncio.to_thread(self._nodes)
 
-    def _nodes(self) -> dict[str, ObservedNode]:
+    async def drain_idle(self, node: str) -> str | None:
+        return await asyncio.to_thread(self._drain_idle, node)
+
+    def _gcs(self) -> Any:
         # Imported here: Ray is slow to import, and only this adapter needs it.
         from ray._raylet import GcsClient  # type: ignore[attr-defined]  # noqa: PLC0415
-        from ray.autoscaler.v2.sdk import get_cluster_resource_state  # noqa: PLC0415
 
         if self._client is None:
             self._client = GcsClient(address=self._gcs_address)
+        return self._client
+
+    def _drain_idle(self, node: str) -> str | None:
+        gcs = self._gcs()
+        for info in gcs.get_all_node_info().values():
+            if info.state == _ALIVE and dict(info.labels).get(NODE_LABEL) == node:
+                # No deadline: Ray's raylet leaves as soon as it agrees, being idle.
+                accepted, refusal = gcs.drain_node(
+                    info.node_id.hex(), _IDLE_TERMINATION, "spotrain: idle, scaling down", 0
+                )
+                return None if accepted else str(refusal or "refused")
+        return None
+
+    def _nodes(self) -> dict[str, ObservedNode]:
+        from ray.autoscaler.v2.sdk import get_cluster_resource_state  # noqa: PLC0415
+
+        self._gcs()
         state = get_cluster_resource_state(self._client)
         observed = {}
         for node in state.node_states:
