@@ -1,7 +1,8 @@
 """A local fake of the Kubernetes API for the scaler's kuberay provider: one namespace's
 RayCluster custom objects (GET, and PATCH with a JSON merge patch) and its Pods (a list by
 label selector), for the real `kubernetes` client pointed at it. `operate()` plays the KubeRay
-operator's part, when a test calls it."""
+operator's part, when a test calls it, and refuses a spec the operator's own validation
+refuses (tests/fakes/kuberay_validation.py)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from urllib.parse import parse_qs, urlsplit
 
 from tests.fakes.http import reply_json, serving
 from tests.fakes.k8s_server import status_body
+from tests.fakes.kuberay_validation import desired_replicas, ray_cluster_errors
 
 Json = dict[str, Any]
 MERGE_PATCH = "application/merge-patch+json"
@@ -46,6 +48,8 @@ class FakeKubeRay:
     pods: dict[str, Json] = field(default_factory=dict)
     requests: list[Received] = field(default_factory=list)
     fail_next: list[int] = field(default_factory=list)
+    events: list[tuple[str, str, str]] = field(default_factory=list)
+    """(reason, cluster, message) of the Warning events the operator recorded."""
     endpoint: str = ""
     _version: int = 5000
     _lock: threading.RLock = field(default_factory=threading.RLock)
@@ -114,17 +118,19 @@ class FakeKubeRay:
         the first ones, until each group has its `replicas` (clamped to min and max). The
         spec's `workersToDelete` is left as it is, as KubeRay leaves it. Returns the names
         of the pods it created."""
-        created = []
+        created: list[str] = []
         with self._lock:
+            errors = ray_cluster_errors(self.clusters[cluster]["spec"])
+            if errors:
+                # The operator's answer to a spec it refuses: an event, and nothing made.
+                self.events.append(("InvalidRayClusterSpec", cluster, "; ".join(errors)))
+                return created
             for group in self.clusters[cluster]["spec"]["workerGroupSpecs"]:
                 name = group["groupName"]
                 for pod in (group.get("scaleStrategy") or {}).get("workersToDelete") or []:
                     self.pods.pop(pod, None)
                 live = [p["metadata"]["name"] for p in self.pods_of(cluster, name)]
-                wanted = max(
-                    group.get("minReplicas", 0),
-                    min(group.get("replicas", 0), group.get("maxReplicas", 2**31 - 1)),
-                )
+                wanted = desired_replicas(group)
                 for pod in live[wanted:]:
                     del self.pods[pod]
                 for _ in range(wanted - len(live)):

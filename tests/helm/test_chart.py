@@ -8,6 +8,7 @@ import os
 import re
 import shlex
 import shutil
+import subprocess
 from collections.abc import Sequence
 from functools import cache
 from importlib import resources
@@ -37,6 +38,7 @@ from shared.resources import (
     pool_resource,
 )
 from shared.teams import parse_teams
+from tests.fakes.kuberay_validation import ray_cluster_errors
 from tests.helm.chart import (
     CHART,
     GKE_EXAMPLE,
@@ -718,14 +720,17 @@ def test_no_workload_identity_unless_asked(minimal: list[Manifest]) -> None:
 
 @pytest.mark.parametrize("render", ["minimal", "gke", "kuberay"])
 def test_worker_groups_declare_the_labels_and_resources_the_platform_relies_on(
-    render: str, request: pytest.FixtureRequest
+    render: str, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
-    """Each Ray node says its Kubernetes node and pool (labels) and its pool and capacity
-    (custom resources), parsed as bash and Ray would parse KubeRay's `ray start` line."""
-    from ray._private.label_utils import parse_node_labels_string  # noqa: PLC0415
+    """Each Ray node says its Kubernetes node and pool (labels, in the file its init
+    container writes, run here with sh) and its pool and capacity (custom resources),
+    parsed as bash and Ray would parse KubeRay's `ray start` line; and the operator's own
+    validation (KubeRay v1.5) accepts the spec."""
+    from ray._private.label_utils import parse_node_labels_from_yaml_file  # noqa: PLC0415
 
     manifests: list[Manifest] = request.getfixturevalue(render)
     (cluster,) = kinds(manifests, "RayCluster")
+    assert ray_cluster_errors(cluster["spec"]) == []
     values = _values(GKE_EXAMPLE if render == "gke" else CHART / "values.yaml")
     groups = {g["groupName"]: g for g in cluster["spec"]["workerGroupSpecs"]}
     assert list(groups) == [p["name"] for p in values["pools"]]
@@ -735,7 +740,18 @@ def test_worker_groups_declare_the_labels_and_resources_the_platform_relies_on(
         line = " ".join(f"--{k}={v}" for k, v in params.items())
         node = "gke-training-gpu-spot-3f9a1c2b-x7kq"
         argv = dict(arg[2:].split("=", 1) for arg in shlex.split(line))
-        labels = parse_node_labels_string(argv["labels"].replace("${SPOTRAIN_NODE_NAME}", node))
+        spec = group["template"]["spec"]
+        (init,) = spec["initContainers"]
+        assert env_of(init)["SPOTRAIN_NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+        labels_file = tmp_path / f"{pool['name']}.yaml"
+        script = init["command"][2].replace(argv["labels-file"], str(labels_file))
+        written = subprocess.run(
+            [*init["command"][:2], script],
+            env={"SPOTRAIN_NODE_NAME": node, "PATH": os.environ["PATH"]},
+            check=False,
+        )
+        assert written.returncode == 0
+        labels = parse_node_labels_from_yaml_file(str(labels_file))
         assert labels == {NODE_LABEL: node, POOL_LABEL: pool["name"]}
         capacity = capacity_resource(CapacityClass(pool["capacity"]))
         assert json.loads(argv["resources"]) == {
@@ -745,11 +761,9 @@ def test_worker_groups_declare_the_labels_and_resources_the_platform_relies_on(
         assert float(argv["num-cpus"]) == pool["cpus"]
         assert int(argv["num-gpus"]) == pool["gpus"]
 
-        spec = group["template"]["spec"]
         (container,) = spec["containers"]
-        assert env_of(container)["SPOTRAIN_NODE_NAME"] == {
-            "fieldRef": {"fieldPath": "spec.nodeName"}
-        }
+        mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+        assert {m["name"]: m["mountPath"] for m in init["volumeMounts"]}.items() <= mounts.items()
         assert spec["nodeSelector"] == {"cloud.google.com/gke-nodepool": pool["name"]}
         taints = {t["key"] for t in spec.get("tolerations", [])}
         assert ("cloud.google.com/gke-spot" in taints) == (pool["capacity"] == "spot")

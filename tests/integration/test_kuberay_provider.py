@@ -4,6 +4,7 @@ scheduler (`schedule`)."""
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Iterator
 from contextlib import AsyncExitStack
@@ -273,3 +274,19 @@ async def test_a_reconcile_pass_grows_the_worker_group_for_queued_work(
     await reconcile(deps)
     events = [decode(m.data).data for m in bus.messages]
     assert len([e for e in events if isinstance(e, NodeLaunched) and e.pool == "gpu-spot"]) == 3
+
+
+def test_a_ray_cluster_the_operator_refuses_gets_no_pods(clock: FixedClock) -> None:
+    """Issue 20, 1: KubeRay v1.5 refuses `labels` among rayStartParams (the chart's old way
+    of naming each Ray node's Kubernetes node), records InvalidRayClusterSpec and makes
+    nothing; the chart now writes the labels to a file (tests/helm checks it passes)."""
+    old = copy.deepcopy(CLUSTER)
+    old["spec"]["workerGroupSpecs"][0]["rayStartParams"]["labels"] = (
+        "spotrain-node=${SPOTRAIN_NODE_NAME},spotrain-pool=gpu-spot"
+    )
+    fake = FakeKubeRay(namespace=NAMESPACE)
+    fake.add_cluster(old)
+    assert fake.operate(NAME, clock.now()) == []
+    [(reason, cluster, message)] = fake.events
+    assert (reason, cluster) == ("InvalidRayClusterSpec", NAME)
+    assert "rayStartParams['labels'] is not supported for gpu-spot group" in message

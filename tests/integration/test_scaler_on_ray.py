@@ -99,13 +99,13 @@ async def test_a_two_gpu_job_adds_exactly_one_node_which_goes_when_idle(
         peak.update(nodes(cluster))
         return await succeeded()
 
-    async def started() -> bool:
+    async def at_work() -> bool:
         peak.update(nodes(cluster))
         return any(
             getattr(e, "job_id", None) == "job-two-gpus" for e in await events(bus, "job.started")
         )
 
-    await eventually(started, timeout_s=90, interval_s=0.25)
+    await eventually(at_work, timeout_s=90, interval_s=0.25)
     # A node at work is not Ray's to let go as idle, whatever a scaler thought it saw.
     refusal = await RayClusterObserver(cluster.gcs_address).drain_idle("gpu-spot-1")
     assert refusal is not None
