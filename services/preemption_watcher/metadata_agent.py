@@ -36,6 +36,9 @@ class MetadataAgentSettings(RuntimeSettings):
     """The metadata server's `computeMetadata/v1`; another one only for a local fake."""
     notice_s: float = Field(SPOT_NOTICE_S, gt=0, le=3600)
     """How long the VM has once `preempted` turns TRUE: the notice's deadline."""
+    node: Name | None = None
+    """The node's name (on GKE, the downward API's `spec.nodeName`); if unset, read from
+    `instance/name`, which GKE's metadata server does not serve."""
     pool: Name | None = None
     """The node's pool; if unset, read from GKE's node labels in the instance attributes."""
     pool_label: str = GKE_POOL_LABEL
@@ -54,6 +57,7 @@ def agent_bootstrap(settings: MetadataAgentSettings, clock: Clock | None = None)
         source = MetadataNoticeSource(
             MetadataClient(settings.metadata_url, connect_timeout_s=settings.connect_timeout_s),
             deps.clock,
+            node=settings.node,
             pool=settings.pool,
             pool_label=settings.pool_label,
             notice_s=settings.notice_s,

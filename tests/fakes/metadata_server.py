@@ -1,6 +1,12 @@
 """A local fake of a GCE VM's metadata server, for the keys the `metadata` source reads:
 `instance/name`, `instance/attributes/kube-labels` and `instance/preempted`, with the long
-poll (`wait_for_change`, `last_etag`, `timeout_sec`) and the `Metadata-Flavor` check."""
+poll (`wait_for_change`, `last_etag`, `timeout_sec`) and the `Metadata-Flavor` check.
+
+With `gke_metadata_server`, it is what a pod outside the host network reaches on a node pool
+with Workload Identity (`--workload-metadata GKE_METADATA`): GKE's metadata server, which
+serves only part of `instance/` (its attributes, hostname, id, service accounts and zone:
+cloud.google.com/kubernetes-engine/docs/concepts/workload-identity, "metadata server") and
+answers 404 for the rest, `instance/name` and `instance/preempted` among them."""
 
 from __future__ import annotations
 
@@ -15,6 +21,15 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 _PREFIX = "/computeMetadata/v1/"
+GKE_SERVED = (
+    "instance/attributes/",
+    "instance/hostname",
+    "instance/id",
+    "instance/service-accounts/",
+    "instance/zone",
+    "project/",
+)
+"""The keys GKE's metadata server serves (prefixes); anything else is a 404 there."""
 
 
 @dataclass(frozen=True)
@@ -52,7 +67,9 @@ class FakeMetadataServer:
         instance_name: str = "gke-train-spot-7f3a",
         kube_labels: str | None = None,
         port: int = 0,
+        gke_metadata_server: bool = False,
     ) -> None:
+        self.gke_metadata_server = gke_metadata_server
         self._values = {"instance/name": instance_name, "instance/preempted": "FALSE"}
         if kube_labels is not None:
             self._values["instance/attributes/kube-labels"] = kube_labels
@@ -124,7 +141,8 @@ class FakeMetadataServer:
             self._received.append(Received(key=key, query=query, flavor=flavor))
             if flavor != "Google":
                 return _Answer(403, b"Missing required header: Metadata-Flavor\n")
-            if key not in self._values:
+            served = not self.gke_metadata_server or key.startswith(GKE_SERVED)
+            if key not in self._values or not served:
                 return _Answer(404, b"Not Found\n")
             if query.get("wait_for_change") == "true":
                 try:

@@ -340,8 +340,13 @@ def test_no_container_runs_as_root(render: str, request: pytest.FixtureRequest) 
         assert spec["securityContext"]["runAsNonRoot"] is True, pod.where
         assert spec["securityContext"]["runAsUser"] != 0, pod.where
         assert spec["securityContext"]["seccompProfile"]["type"] == "RuntimeDefault", pod.where
-        for key in ("hostNetwork", "hostPID", "hostIPC"):
+        for key in ("hostPID", "hostIPC"):
             assert not spec.get(key), (pod.where, key)
+        # The metadata agent alone, to reach its VM's own metadata server (GKE's, in the pod
+        # network of a Workload Identity pool, does not serve instance/preempted).
+        assert not spec.get("hostNetwork") or pod.metadata["labels"][
+            "app.kubernetes.io/component"
+        ] == ("metadata-agent"), pod.where
         assert all("hostPath" not in v for v in spec.get("volumes", [])), pod.where
         for container in pod.containers():
             where = f"{pod.where}/{container['name']}"
@@ -575,7 +580,10 @@ def test_every_process_starts_with_its_rendered_settings(
     for where, container in _processes(manifests):
         for name in [n for n in os.environ if n.startswith("SPOTRAIN_")]:
             monkeypatch.delenv(name)
-        for name, value in env_of(container).items():
+        for name, rendered in env_of(container).items():
+            # The node's name from the downward API: what the kubelet would give.
+            node = {"fieldRef": {"fieldPath": "spec.nodeName"}}
+            value = "gke-training-gpu-spot-3f9a1c2b-x7kq" if rendered == node else rendered
             assert isinstance(value, str), (where, name, value)
             monkeypatch.setenv(name, value)
         if "SPOTRAIN_SCALER_POOLS_FILE" in env_of(container):
@@ -828,10 +836,22 @@ def test_metadata_agent_runs_on_every_spot_pool_and_nowhere_else(
     spot = [p["name"] for p in _values(GKE_EXAMPLE)["pools"] if p["capacity"] == "spot"]
     agents = kinds(gke, "DaemonSet")
     assert [a["metadata"]["name"] for a in agents] == [f"spotrain-metadata-agent-{p}" for p in spot]
+    values = _values(CHART / "values.yaml")
     for agent, pool in zip(agents, spot, strict=True):
         pod = agent["spec"]["template"]["spec"]
         assert pod["nodeSelector"] == {"cloud.google.com/gke-nodepool": pool}
-        assert env_of(pod["containers"][0])["SPOTRAIN_METADATA_AGENT_POOL"] == pool
+        (container,) = pod["containers"]
+        env = env_of(container)
+        assert env["SPOTRAIN_METADATA_AGENT_POOL"] == pool
+        # Issue 20, 2: the VM's own metadata server (the host's network), and the node's
+        # name from the pod, as GKE's metadata server serves neither preempted nor name.
+        assert pod["hostNetwork"] is True
+        assert pod["dnsPolicy"] == "ClusterFirstWithHostNet"
+        assert env["SPOTRAIN_METADATA_AGENT_NODE"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+        port = values["metadataAgent"]["httpPort"]
+        assert env["SPOTRAIN_METADATA_AGENT_HTTP_PORT"] == str(port)
+        assert [p["containerPort"] for p in container["ports"]] == [port]
+        assert port != values["httpPort"]
 
 
 def test_pod_monitoring_selects_the_services_metrics_port(gke: list[Manifest]) -> None:

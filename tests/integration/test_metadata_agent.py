@@ -16,6 +16,7 @@ from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from structlog.testing import capture_logs
 
 from services.preemption_watcher.adapters.gce_metadata import (
     Backoff,
@@ -117,6 +118,49 @@ async def test_a_configured_pool_is_used_without_reading_the_node_labels(
         await eventually(lambda: len(signals) == 1)
     assert signals[0].data.pool == "p1"
     assert not metadata_server.received("instance/attributes/kube-labels")
+
+
+async def test_behind_gkes_metadata_server_the_source_never_polls_and_says_why() -> None:
+    """Issue 20, 2: a pod outside the host network on a Workload Identity pool reaches GKE's
+    metadata server: `instance/name` is a 404 for ever, so `preempted` is never polled.
+    The source says what to do, and, given its node name, finds `preempted` missing too,
+    which only the host network's own metadata server has."""
+    fake = FakeMetadataServer(instance_name=NODE, kube_labels=KUBE_LABELS, gke_metadata_server=True)
+    with serve_fake_metadata(fake), capture_logs() as logs:
+        async with watching(_source(fake)) as signals:
+            await eventually(lambda: len(fake.received("instance/name")) >= 3)
+            fake.preempt()
+            await eventually(lambda: len(fake.received("instance/name")) >= 5)
+        assert signals == []
+        assert not fake.received(PREEMPTED), "never polled"
+        source = MetadataNoticeSource(
+            MetadataClient(fake.url, connect_timeout_s=1),
+            FixedClock(NOW),
+            node=NODE,
+            pool="gpu-spot",
+            backoff=Backoff(first_s=0.05, cap_s=0.2),
+        )
+        async with watching(source) as signals:
+            await eventually(lambda: len(fake.received(PREEMPTED)) >= 2)
+        assert signals == []
+    said = {log["path"]: log["error"] for log in logs if log["event"] == "metadata.unavailable"}
+    assert "SPOTRAIN_METADATA_AGENT_NODE from the downward API" in said["instance/name"]
+    assert "hostNetwork: true" in said[PREEMPTED]
+
+
+async def test_given_its_node_name_the_source_reads_only_preempted(
+    metadata_server: FakeMetadataServer,
+) -> None:
+    """As the chart runs it (in the host's network, node name and pool from the pod): the
+    VM's own metadata server is asked for `instance/preempted` only."""
+    source = MetadataNoticeSource(
+        MetadataClient(metadata_server.url), FixedClock(NOW), node="from-the-pod", pool="p1"
+    )
+    metadata_server.preempt()
+    async with watching(source) as signals:
+        await eventually(lambda: len(signals) == 1)
+    assert signals[0].data.node == "from-the-pod"
+    assert {r.key for r in metadata_server.received()} == {PREEMPTED}
 
 
 async def test_the_source_stops_at_once_while_a_long_poll_waits(

@@ -104,6 +104,13 @@ def preempted_path(seen: PreemptedReading | None, *, timeout_s: int) -> str:
 
 def read_preempted(reply: MetadataReply) -> PreemptedReading:
     """`TRUE` or `FALSE` from a 200; anything else raises `UnexpectedReplyError`. Pure."""
+    if reply.status == http.HTTPStatus.NOT_FOUND:
+        msg = (
+            "instance/preempted answered 404: this is not the VM's own metadata server (on a "
+            "GKE node pool with Workload Identity a pod reaches GKE's, which does not serve "
+            "it); run the agent in the host's network (hostNetwork: true)"
+        )
+        raise UnexpectedReplyError(msg)
     if reply.status != http.HTTPStatus.OK:
         msg = f"instance/preempted answered {reply.status}"
         raise UnexpectedReplyError(msg)
@@ -119,6 +126,13 @@ def read_preempted(reply: MetadataReply) -> PreemptedReading:
 
 def read_instance_name(reply: MetadataReply) -> str:
     """The VM's name (on GKE, the Kubernetes node's name); raises `UnexpectedReplyError`. Pure."""
+    if reply.status == http.HTTPStatus.NOT_FOUND:
+        msg = (
+            "instance/name answered 404 (GKE's metadata server does not serve it): give the "
+            "node's name instead (SPOTRAIN_METADATA_AGENT_NODE from the downward API's "
+            "spec.nodeName)"
+        )
+        raise UnexpectedReplyError(msg)
     if reply.status != http.HTTPStatus.OK:
         msg = f"instance/name answered {reply.status}"
         raise UnexpectedReplyError(msg)
@@ -279,6 +293,7 @@ class MetadataNoticeSource:
         client: MetadataClient,
         clock: Clock,
         *,
+        node: str | None = None,
         pool: str | None = None,
         pool_label: str = GKE_POOL_LABEL,
         notice_s: float = SPOT_NOTICE_S,
@@ -287,6 +302,7 @@ class MetadataNoticeSource:
     ) -> None:
         self._client = client
         self._clock = clock
+        self._node = node
         self._pool = pool
         self._pool_label = pool_label
         self._notice = timedelta(seconds=notice_s)
@@ -295,7 +311,9 @@ class MetadataNoticeSource:
 
     async def signals(self, stop: asyncio.Event) -> AsyncGenerator[NodeSignal, None]:
         try:
-            node = await self._until_read("instance/name", read_instance_name, stop)
+            node = self._node
+            if node is None:
+                node = await self._until_read("instance/name", read_instance_name, stop)
             pool = self._pool
             if pool is None:
                 label = self._pool_label
