@@ -135,7 +135,7 @@ async def test_a_taint_on_a_spot_node_is_one_notice(
     assert notice.data == NodePreempting(
         node=SPOT_NAME,
         pool="gpu-spot",
-        deadline=TAINTED_AT + timedelta(seconds=30),
+        deadline=TAINTED_AT + timedelta(seconds=15),
         source=NoticeSource.K8S,
     )
     assert isinstance(lost.data, NodeLost)
@@ -179,7 +179,7 @@ async def test_a_relist_after_410_repeats_signals_under_the_same_keys(
     assert first.key == second.key
     assert first.event_id == second.event_id
     assert isinstance(second.data, NodePreempting)
-    assert second.data.deadline == TAINTED_AT + timedelta(seconds=30)
+    assert second.data.deadline == TAINTED_AT + timedelta(seconds=15)
 
 
 async def test_a_node_gone_between_lists_is_lost_on_relist(
@@ -313,3 +313,31 @@ async def test_the_production_client_follows_a_kubeconfig(
     assert [s.data.node for s in run.seen] == [SPOT_NAME]
     (listed,) = [r for r in kube.requests if not r.is_watch]
     assert listed.authorization == "Bearer not-a-secret"
+
+
+async def test_a_maintenance_scheduled_days_ahead_is_told_once_it_is_near(
+    kube: FakeKubernetes, api_client: ApiClient, clock: FixedClock
+) -> None:
+    """Issue 20, 7: GKE labels a GPU node with its host maintenance's time, maybe days
+    ahead, and the label does not change as the time comes: the source reads its nodes
+    again at each watch's end, and tells the notice once within the hour."""
+    when = clock.now() + timedelta(days=2)
+
+    def schedule(node: dict[str, Any]) -> None:
+        labels = node["metadata"]["labels"]
+        labels["cloud.google.com/scheduled-maintenance-time"] = str(int(when.timestamp()))
+        del labels["cloud.google.com/gke-spot"]
+
+    kube.add_node(SPOT)
+    kube.modify_node(SPOT_NAME, schedule)
+    async with running(KubernetesNodeSource.over(api_client, clock)) as run:
+        await watching(kube)
+        kube.close_watches()
+        await watching(kube, 2)
+        assert run.seen == []
+        clock.advance(timedelta(days=2) - timedelta(minutes=30))
+        kube.close_watches()
+        await eventually(lambda: len(run.seen) == 1)
+    (signal,) = run.seen
+    assert isinstance(signal.data, NodePreempting)
+    assert signal.data.deadline == when

@@ -22,6 +22,8 @@ from services.preemption_watcher.payloads.k8s_nodes import (
 from shared.events.data import NodeLost, NodePreempting, NoticeSource
 
 DATA = Path(__file__).parents[1] / "data" / "k8s"
+SPOT_NOTICE_S = 15.0
+"""What GKE gives a training pod of a Spot VM's end."""
 NOW = datetime(2026, 11, 30, 12, 0, 5, tzinfo=UTC)
 SPOT_NAME = "gke-spotrain-gpu-spot-5f1c2a3b-x7k2"
 SPOT_UID = "3c0f9f7e-8a51-4c2b-9d7e-2f6a1b4c5d01"
@@ -74,7 +76,7 @@ SPOT = recorded("gke-spot-node.json")
             "MODIFIED",
             with_taint(SPOT, termination_taint()),
             NodeRules(),
-            at(TAINTED_AT) + timedelta(seconds=30),
+            at(TAINTED_AT) + timedelta(seconds=SPOT_NOTICE_S),
             "gpu-spot",
             id="spot-taint-counts-from-time-added",
         ),
@@ -82,7 +84,7 @@ SPOT = recorded("gke-spot-node.json")
             "ADDED",
             with_taint(SPOT, termination_taint()),
             NodeRules(),
-            at(TAINTED_AT) + timedelta(seconds=30),
+            at(TAINTED_AT) + timedelta(seconds=SPOT_NOTICE_S),
             "gpu-spot",
             id="listed-already-tainted",
         ),
@@ -90,7 +92,7 @@ SPOT = recorded("gke-spot-node.json")
             "MODIFIED",
             recorded("gke-spot-node-impending-termination.json"),
             NodeRules(),
-            NOW + timedelta(seconds=30),
+            NOW + timedelta(seconds=SPOT_NOTICE_S),
             "gpu-spot",
             id="taint-without-time-added-counts-from-now",
         ),
@@ -98,7 +100,7 @@ SPOT = recorded("gke-spot-node.json")
             "MODIFIED",
             recorded("gke-spot-node-shutting-down.json"),
             NodeRules(),
-            KUBELET_DOWN_AT + timedelta(seconds=30),
+            KUBELET_DOWN_AT + timedelta(seconds=SPOT_NOTICE_S),
             "gpu-spot",
             id="kubelet-shutdown-time-beats-an-untimed-taint",
         ),
@@ -129,7 +131,7 @@ SPOT = recorded("gke-spot-node.json")
                 termination_taint(),
             ),
             NodeRules(),
-            at(TAINTED_AT) + timedelta(seconds=30),
+            at(TAINTED_AT) + timedelta(seconds=SPOT_NOTICE_S),
             "gpu-spot",
             id="preemptible-vm-has-the-spot-notice",
         ),
@@ -145,7 +147,7 @@ SPOT = recorded("gke-spot-node.json")
             "MODIFIED",
             with_taint(relabelled(SPOT, drop="cloud.google.com/gke-nodepool"), termination_taint()),
             NodeRules(),
-            at(TAINTED_AT) + timedelta(seconds=30),
+            at(TAINTED_AT) + timedelta(seconds=SPOT_NOTICE_S),
             None,
             id="no-pool-label-no-pool",
         ),
@@ -153,7 +155,7 @@ SPOT = recorded("gke-spot-node.json")
             "MODIFIED",
             with_taint(SPOT, termination_taint()),
             NodeRules(pool_label="cloud.google.com/machine-family"),
-            at(TAINTED_AT) + timedelta(seconds=30),
+            at(TAINTED_AT) + timedelta(seconds=SPOT_NOTICE_S),
             "g2",
             id="pool-label-is-a-parameter",
         ),
@@ -164,7 +166,7 @@ SPOT = recorded("gke-spot-node.json")
                 termination_taint(),
             ),
             NodeRules(),
-            at(TAINTED_AT) + timedelta(seconds=30),
+            at(TAINTED_AT) + timedelta(seconds=SPOT_NOTICE_S),
             "gpu-spot",
             id="preempted-while-being-scaled-down",
         ),
@@ -291,14 +293,49 @@ def test_a_new_boot_is_a_new_notice() -> None:
 
 
 def test_kubelet_shutdown_alone_is_a_notice() -> None:
-    """Without the taint, the kubelet's graceful shutdown is the notice, from its transition."""
+    """Without the taint, the kubelet's graceful shutdown is the notice, from its transition:
+    the 15 s GKE gives a training pod of the Spot VM's 30 (issue 20, 7)."""
     node = shutting_down(SPOT)
     ready = next(c for c in node["status"]["conditions"] if c["type"] == "Ready")
     ready["lastTransitionTime"] = "2026-11-30T12:00:01Z"
     (signal,) = node_signals("MODIFIED", node, now=NOW)
     assert isinstance(signal.data, NodePreempting)
-    assert signal.data.deadline == datetime(2026, 11, 30, 12, 0, 31, tzinfo=UTC)
+    assert signal.data.deadline == datetime(2026, 11, 30, 12, 0, 16, tzinfo=UTC)
     assert signal.key == SPOT_NOTICE_KEY
+
+
+MAINTENANCE = "cloud.google.com/scheduled-maintenance-time"
+
+
+@pytest.mark.parametrize(
+    ("ahead", "told"),
+    [
+        pytest.param(timedelta(minutes=59), True, id="within-the-hour-is-a-notice"),
+        pytest.param(timedelta(hours=1), True, id="an-hour-ahead-is-a-notice"),
+        pytest.param(timedelta(days=3), False, id="days-ahead-is-not-yet"),
+        pytest.param(-timedelta(minutes=1), True, id="overdue-is-a-notice"),
+    ],
+)
+def test_scheduled_host_maintenance_is_a_notice_once_it_is_near(
+    ahead: timedelta, told: bool
+) -> None:
+    """GKE's current sign of a GPU VM's host maintenance is a label with its time; the
+    deprecated handler's taint is not there (issue 20, 7)."""
+    when = NOW + ahead
+    node = relabelled(
+        SPOT, drop="cloud.google.com/gke-spot", add={MAINTENANCE: str(int(when.timestamp()))}
+    )
+    notices = [s.data for s in node_signals("MODIFIED", node, now=NOW)]
+    assert [n.deadline for n in notices if isinstance(n, NodePreempting)] == (
+        [when] if told else []
+    )
+    assert len(notices) == int(told)
+
+
+def test_an_unreadable_maintenance_time_is_a_malformed_node() -> None:
+    node = relabelled(SPOT, add={MAINTENANCE: "next tuesday"})
+    with pytest.raises(MalformedNodeError, match="not a Unix time"):
+        node_signals("MODIFIED", node, now=NOW)
 
 
 def break_node(change: str) -> dict[str, Any]:

@@ -156,6 +156,7 @@ class KubernetesNodeSource:
                 while not follower.halt.is_set():
                     try:
                         version = self._follow(follower, version)
+                        self._retell(follower)
                     except ApiException as error:  # 410 Gone, or another ERROR event
                         if follower.halt.is_set():
                             return
@@ -199,6 +200,14 @@ class KubernetesNodeSource:
             for signal in self._apply(kind, raw):
                 follower.deliver(signal)
         return version
+
+    def _retell(self, follower: _Follower) -> None:
+        """At a watch's end, the nodes as last seen, read again now: a notice that a node
+        carried ahead of its time (a host maintenance days away) is told once it is due."""
+        now = self._clock.now()
+        for node in list(self._known.values()):
+            for signal in self._tell(WatchEventType.MODIFIED, node, now):
+                follower.deliver(signal)
 
     def _list(self) -> tuple[str, list[NodeSignal]]:
         """Lists the nodes: the version to watch from, and the signals the list implies."""

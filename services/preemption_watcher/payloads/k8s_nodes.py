@@ -1,20 +1,28 @@
 """What a Kubernetes Node watch event says about preemption: pure, no I/O, no side effects.
 
 Which Node changes mean what, on GKE (sources checked for this module):
-- `cloud.google.com/impending-node-termination` (NoSchedule) is put on a node by GKE's node
-  termination handler when GCE announces the VM's end: `instance/preempted` on a Spot or
-  preemptible VM (30 s ahead), `TERMINATE_ON_HOST_MAINTENANCE` on an on-demand GPU VM (an
-  hour ahead, its `--regular-vm-timeout`). GoogleCloudPlatform/k8s-node-termination-handler
-  (main.go, termination/gceTerminationHandler.go); kubernetes-mixin#460.
-  The handler writes the taint without `timeAdded`: only the node lifecycle controller sets
-  it, and only on the not-ready and unreachable taints (kubernetes/kubernetes#42394,
-  #141453). Without it the notice counts from when it is first seen.
-- GKE's graceful node shutdown (on by default since 1.20; 30 s for a Spot VM, 15 s for pods
-  and 15 s for system pods) is the kubelet's: on the VM's ACPI shutdown it reports its Node
-  `Ready=False` with the message "node is shutting down" (kubernetes/kubernetes
-  pkg/kubelet/nodeshutdown/nodeshutdown_manager_linux.go; GKE docs "Spot VMs" and
-  "preemptible VMs", termination and graceful shutdown). Any VM shutdown does this, so a
-  node the cluster autoscaler is removing (`ToBeDeletedByClusterAutoscaler`) is not news.
+- GKE's graceful node shutdown (on by default since 1.20) is the kubelet's: on the VM's ACPI
+  shutdown it reports its Node `Ready=False` with the message "node is shutting down"
+  (kubernetes/kubernetes pkg/kubelet/nodeshutdown/nodeshutdown_manager_linux.go). A Spot
+  VM has 30 s from then, of which GKE gives non-system pods, Ray's among them, the first
+  15 s and system pods the last 15 (GKE docs "Spot VMs" and "preemptible VMs",
+  termination and graceful shutdown): the notice a training pod has is 15 s. Any VM
+  shutdown does this, so a node the cluster autoscaler is removing
+  (`ToBeDeletedByClusterAutoscaler`) is not news.
+- `cloud.google.com/scheduled-maintenance-time` (a Unix time, in seconds) is the label GKE
+  (1.31.1-gke.2008000 and later) puts on a GPU or TPU node whose VM has host maintenance
+  scheduled, which ends an on-demand GPU VM (GKE docs "Manage GKE node disruption for GPUs
+  and TPUs"). It may come days ahead: it is a notice once the time is `maintenance_notice_s`
+  away, and the source reads its nodes again at every watch's end to see that come.
+- `cloud.google.com/impending-node-termination` (NoSchedule) was put on a node by GKE's node
+  termination handler when GCE announced the VM's end (`instance/preempted` 30 s ahead,
+  host maintenance an hour ahead). GoogleCloudPlatform/k8s-node-termination-handler
+  (main.go, termination/gceTerminationHandler.go), deprecated since Kubernetes 1.20 in
+  favour of the graceful shutdown above: read still, for clusters that run it, never
+  relied on. The handler writes the taint without `timeAdded`: only the node lifecycle
+  controller sets it, and only on the not-ready and unreachable taints
+  (kubernetes/kubernetes#42394, #141453). Without it the notice counts from when it is
+  first seen.
 - Not preemption, so ignored: `ToBeDeletedByClusterAutoscaler` and
   `DeletionCandidateOfClusterAutoscaler` (a scale-down), `node.kubernetes.io/not-ready` and
   `.../unreachable` (any unhealthy node). `node.cloudprovider.kubernetes.io/shutdown` never
@@ -27,7 +35,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Annotated, Any, TypeVar
 
@@ -40,6 +48,8 @@ from shared.events.data import NodeLost, NodePreempting, NoticeSource
 GKE_NODEPOOL_LABEL = "cloud.google.com/gke-nodepool"
 """The label GKE puts on every node with the name of its node pool."""
 IMPENDING_TERMINATION_TAINT = "cloud.google.com/impending-node-termination"
+SCHEDULED_MAINTENANCE_LABEL = "cloud.google.com/scheduled-maintenance-time"
+"""When the node's VM goes down for host maintenance, in Unix seconds (GPU and TPU nodes)."""
 SCALE_DOWN_TAINT = "ToBeDeletedByClusterAutoscaler"
 SHUTTING_DOWN = "node is shutting down"
 """What the kubelet's `Ready=False` message says during a graceful node shutdown."""
@@ -60,10 +70,12 @@ class NodeRules:
     """How to read a Node: the label that names its pool, how long each notice lasts."""
 
     pool_label: str = GKE_NODEPOOL_LABEL
-    notice_s: float = 30.0
-    """A Spot or preemptible VM's notice, and the kubelet's shutdown grace on GKE."""
+    notice_s: float = 15.0
+    """What a training pod has of a Spot or preemptible VM's end: GKE's kubelet gives
+    non-system pods the first 15 s of the VM's 30."""
     maintenance_notice_s: float = 3600.0
-    """An on-demand VM's notice of termination for host maintenance (GPU VMs)."""
+    """How long before a scheduled host maintenance it is a notice (and an on-demand VM's
+    notice under the old termination handler's taint)."""
 
 
 class MalformedNodeError(ValueError):
@@ -216,6 +228,12 @@ def _deadline(node: KubeNode, now: datetime, rules: NodeRules) -> datetime | Non
     if taint is not None:
         notice_s = rules.notice_s if node.is_spot else rules.maintenance_notice_s
         deadlines.append((taint.time_added or now) + timedelta(seconds=notice_s))
+    maintenance = _scheduled_maintenance(node)
+    if (
+        maintenance is not None
+        and (maintenance - now).total_seconds() <= rules.maintenance_notice_s
+    ):
+        deadlines.append(maintenance)
     ready = next((c for c in node.status.conditions if c.type == "Ready"), None)
     if (
         ready is not None
@@ -225,6 +243,18 @@ def _deadline(node: KubeNode, now: datetime, rules: NodeRules) -> datetime | Non
     ):
         deadlines.append((ready.last_transition_time or now) + timedelta(seconds=rules.notice_s))
     return min(deadlines, default=None)
+
+
+def _scheduled_maintenance(node: KubeNode) -> datetime | None:
+    value = node.metadata.labels.get(SCHEDULED_MAINTENANCE_LABEL)
+    if value is None:
+        return None
+    try:
+        return datetime.fromtimestamp(int(value), tz=UTC)
+    except (ValueError, OverflowError, OSError):
+        raise MalformedNodeError(
+            f"label {SCHEDULED_MAINTENANCE_LABEL} is {value[:40]!r}, not a Unix time"
+        ) from None
 
 
 def _pool(node: KubeNode, rules: NodeRules) -> str | None:
