@@ -151,6 +151,8 @@ class FakeKubeRay:
             code = self.fail_next.pop(0) if self.fail_next else 0
             if code:
                 return code, status_body(code, "InternalError", "injected failure")
+            if received.method == "GET" and received.path.rstrip("/") in _DISCOVERY:
+                return 200, _DISCOVERY[received.path.rstrip("/")]
             parts = received.path.strip("/").split("/")
             pods_path = ["api", "v1", "namespaces", self.namespace, "pods"]
             clusters_path = ["apis", "ray.io", "v1", "namespaces", self.namespace, "rayclusters"]
@@ -235,6 +237,73 @@ def _merge(target: Any, patch: Any) -> Any:
         else:
             merged[key] = _merge(merged.get(key), value)
     return merged
+
+
+# What a client asks first (helm's lookup, kubectl): the server's version and which API
+# groups and resources it serves, in the shapes of the API server's discovery documents.
+# The resources are those the chart makes, so that helm can map each of its objects.
+_SERVED = (
+    # group, version, kind, plural, namespaced
+    ("", "v1", "Pod", "pods", True),
+    ("", "v1", "ConfigMap", "configmaps", True),
+    ("", "v1", "ServiceAccount", "serviceaccounts", True),
+    ("", "v1", "Service", "services", True),
+    ("", "v1", "Secret", "secrets", True),
+    ("apps", "v1", "Deployment", "deployments", True),
+    ("apps", "v1", "DaemonSet", "daemonsets", True),
+    ("batch", "v1", "Job", "jobs", True),
+    ("rbac.authorization.k8s.io", "v1", "ClusterRole", "clusterroles", False),
+    ("rbac.authorization.k8s.io", "v1", "ClusterRoleBinding", "clusterrolebindings", False),
+    ("rbac.authorization.k8s.io", "v1", "Role", "roles", True),
+    ("rbac.authorization.k8s.io", "v1", "RoleBinding", "rolebindings", True),
+    ("monitoring.coreos.com", "v1", "PodMonitor", "podmonitors", True),
+    ("monitoring.googleapis.com", "v1", "PodMonitoring", "podmonitorings", True),
+    ("ray.io", "v1", "RayCluster", "rayclusters", True),
+)
+
+
+def _discovery() -> dict[str, Json]:
+    documents: dict[str, Json] = {
+        "/version": {"major": "1", "minor": "31", "gitVersion": "v1.31.4-gke.1256000"},
+        "/api": {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []},
+    }
+    groups: dict[str, list[Json]] = {}
+    for group, version, kind, plural, namespaced in _SERVED:
+        singular = kind.lower()
+        groups.setdefault(f"{group}/{version}" if group else version, []).append(
+            {
+                "name": plural,
+                "singularName": singular,
+                "namespaced": namespaced,
+                "kind": kind,
+                "verbs": ["get", "list", "patch", "watch"],
+            }
+        )
+    for group_version, resources in groups.items():
+        path = f"/apis/{group_version}" if "/" in group_version else f"/api/{group_version}"
+        documents[path] = {
+            "kind": "APIResourceList",
+            "apiVersion": "v1",
+            "groupVersion": group_version,
+            "resources": resources,
+        }
+    documents["/apis"] = {
+        "kind": "APIGroupList",
+        "apiVersion": "v1",
+        "groups": [
+            {
+                "name": gv.split("/")[0],
+                "versions": [{"groupVersion": gv, "version": gv.split("/")[1]}],
+                "preferredVersion": {"groupVersion": gv, "version": gv.split("/")[1]},
+            }
+            for gv in groups
+            if "/" in gv
+        ],
+    }
+    return documents
+
+
+_DISCOVERY = _discovery()
 
 
 def _stamp(at: datetime) -> str:

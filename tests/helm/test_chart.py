@@ -957,3 +957,65 @@ def test_job_secrets_are_mounted_into_the_submitter_only(helm: Helm) -> None:
     for pod in pods(manifests):
         if pod.where != "Deployment/spotrain-submitter":
             assert "job-secrets" not in json.dumps(pod.spec), pod.where
+
+
+def test_an_upgrade_keeps_the_replicas_and_workers_to_delete_the_scaler_set(
+    helm: Helm, tmp_path: Path
+) -> None:
+    """Issue 20, 8: with the kuberay provider an upgrade renders each group's replicas and
+    workersToDelete from the live RayCluster (helm's lookup, against a fake API server),
+    within the pool's bounds; a group not live yet starts at min_nodes."""
+    from tests.fakes.kuberay_server import FakeKubeRay, serve_fake_kuberay  # noqa: PLC0415
+
+    pools = {p["name"]: p for p in _values()["pools"]}
+    first, second = list(pools)[:2]
+    live = {
+        "apiVersion": "ray.io/v1",
+        "kind": "RayCluster",
+        "metadata": {"name": RELEASE},
+        "spec": {
+            "workerGroupSpecs": [
+                {
+                    "groupName": first,
+                    "replicas": pools[first]["max_nodes"] - 1,
+                    "scaleStrategy": {"workersToDelete": ["spotrain-gpu-spot-worker-x7k2p"]},
+                },
+                {"groupName": second, "replicas": pools[second]["max_nodes"] + 5},
+            ]
+        },
+    }
+    fake = FakeKubeRay(namespace=NAMESPACE)
+    fake.add_cluster(live)
+    with serve_fake_kuberay(fake) as kube:
+        kubeconfig = tmp_path / "kubeconfig"
+        kubeconfig.write_text(
+            json.dumps(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "clusters": [{"name": "fake", "cluster": {"server": kube.endpoint}}],
+                    "contexts": [{"name": "fake", "context": {"cluster": "fake"}}],
+                    "current-context": "fake",
+                    "users": [{"name": "fake", "user": {}}],
+                }
+            )
+        )
+        manifests = helm.render(
+            sets={**REQUIRED_SETS, "scaler.settings.provider": "kuberay"},
+            extra=[
+                "--dry-run=server",
+                "--is-upgrade",
+                "--disable-openapi-validation",
+                "--kubeconfig",
+                str(kubeconfig),
+            ],
+        )
+    (cluster,) = kinds(manifests, "RayCluster")
+    groups = {g["groupName"]: g for g in cluster["spec"]["workerGroupSpecs"]}
+    assert groups[first]["replicas"] == pools[first]["max_nodes"] - 1
+    assert groups[first]["scaleStrategy"] == {"workersToDelete": ["spotrain-gpu-spot-worker-x7k2p"]}
+    assert groups[second]["replicas"] == pools[second]["max_nodes"], "within the bounds"
+    assert "scaleStrategy" not in groups[second]
+    for name in list(pools)[2:]:
+        assert groups[name]["replicas"] == pools[name]["min_nodes"]
+    assert ray_cluster_errors(cluster["spec"]) == []
