@@ -53,6 +53,18 @@ OPERATING = frozenset(
     {Operation.Status.PENDING, Operation.Status.RUNNING, Operation.Status.ABORTING}
 )
 
+REQUIRED_PERMISSIONS: Mapping[str, str] = {
+    "container.clusters.get": "read a node pool (its instance groups, its autoscaling)",
+    "container.operations.list": "see whether GKE is operating on the cluster or node pool",
+    "compute.instanceGroupManagers.get": "read an instance group, its target and its VMs",
+    "compute.instanceGroupManagers.update": "resize an instance group, delete its VMs",
+    "compute.zoneOperations.get": "wait on a resize or a deletion",
+    "compute.globalOperations.list": "read when each VM was preempted or deleted",
+    "compute.zoneOperations.list": "the same, per zone",
+}
+"""The IAM permissions this provider's calls take, each with why: what the guide's custom
+role holds (docs/deploy-gke.md, step 2; a test holds the two together)."""
+
 log = structlog.get_logger()
 T = TypeVar("T")
 
