@@ -1,5 +1,11 @@
 """A local fake of the Kubernetes API's Node list and watch, for the real `kubernetes` client
-pointed at it (`Configuration(host=fake.endpoint)`)."""
+pointed at it (`Configuration(host=fake.endpoint)`).
+
+As the API server does it (kubernetes.io/docs/reference/using-api/api-concepts, "Efficient
+detection of changes", "Watch bookmarks"; "Labels and Selectors"): every change has the next
+resource version; a list and a watch take an equality-based `labelSelector` (`k=v`, `k!=v`,
+`k`, `!k`, comma-joined); a watch with `allowWatchBookmarks=true` ends with a BOOKMARK event
+carrying the version it reached; a watch from a compacted version gets a 410 ERROR event."""
 
 from __future__ import annotations
 
@@ -128,17 +134,49 @@ class FakeKubernetes:
         self._changed.notify_all()
         return copy.deepcopy(node)
 
-    def node_list(self) -> Json:
+    def node_list(self, selector: str = "") -> Json:
+        wanted = _selector(selector)
         with self._changed:
             return {
                 "kind": "NodeList",
                 "apiVersion": "v1",
                 "metadata": {"resourceVersion": str(self._version)},
-                "items": [copy.deepcopy(n) for _, n in sorted(self._nodes.items())],
+                "items": [copy.deepcopy(n) for _, n in sorted(self._nodes.items()) if wanted(n)],
             }
 
-    def watch(self, since: str | None, timeout_s: float | None) -> Iterator[Json]:
+    def watch(
+        self,
+        since: str | None,
+        timeout_s: float | None,
+        *,
+        selector: str = "",
+        bookmarks: bool = False,
+    ) -> Iterator[Json]:
         """The watch events after version `since`, as they come, until the stream ends."""
+        wanted = _selector(selector)
+        version = since or "0"
+        for event in self._watch(since, timeout_s):
+            if event["type"] == "ERROR":
+                yield event
+                return  # the API server ends a watch with its error
+            version = event["object"]["metadata"].get("resourceVersion", version)
+            if wanted(event["object"]):
+                yield event
+        if bookmarks:
+            # The version up to which every event was sent, which may be behind the store's.
+            yield {
+                "type": "BOOKMARK",
+                "object": {
+                    "kind": "Node",
+                    "apiVersion": "v1",
+                    "metadata": {
+                        "resourceVersion": version,
+                        "annotations": {"k8s.io/initial-events-end": "true"},
+                    },
+                },
+            }
+
+    def _watch(self, since: str | None, timeout_s: float | None) -> Iterator[Json]:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         with self._changed:
             generation = self._generation
@@ -186,6 +224,31 @@ class FakeKubernetes:
             self._changed.notify_all()
 
 
+def _selector(text: str) -> Callable[[Json], bool]:
+    """An equality-based label selector, as the API server reads one."""
+    terms = [term.strip() for term in text.split(",") if term.strip()]
+
+    def holds(obj: Json) -> bool:
+        labels = (obj.get("metadata") or {}).get("labels") or {}
+        for term in terms:
+            if "!=" in term:
+                key, value = term.split("!=", 1)
+                if labels.get(key) == value:
+                    return False
+            elif "=" in term:
+                key, value = term.split("=", 1)
+                if labels.get(key) != value.lstrip("="):
+                    return False
+            elif term.startswith("!"):
+                if term[1:] in labels:
+                    return False
+            elif term not in labels:
+                return False
+        return True
+
+    return holds
+
+
 def _event(kind: str, node: Json) -> Json:
     return {"type": kind, "object": copy.deepcopy(node)}
 
@@ -225,9 +288,15 @@ def serve_fake_kubernetes(kube: FakeKubernetes) -> Iterator[FakeKubernetes]:
                 reply_json(self, 404, status_body(404, "NotFound", f"no such path {url.path}"))
             elif received.is_watch:
                 timeout = query.get("timeoutSeconds")
-                self._stream(kube.watch(query.get("resourceVersion"), _seconds(timeout)))
+                events = kube.watch(
+                    query.get("resourceVersion"),
+                    _seconds(timeout),
+                    selector=query.get("labelSelector", ""),
+                    bookmarks=query.get("allowWatchBookmarks", "").lower() == "true",
+                )
+                self._stream(events)
             else:
-                reply_json(self, 200, kube.node_list())
+                reply_json(self, 200, kube.node_list(query.get("labelSelector", "")))
 
         def _stream(self, events: Iterator[Json]) -> None:
             self.send_response(200)
