@@ -139,6 +139,8 @@ def train_loop(loop_config: dict[str, Any]) -> None:
                 # Every worker must call report, the same number of times; rank 0 brings the files.
                 metrics = {"step": step, "start_step": start, "accuracy": accuracy}
                 ray.train.report(metrics, checkpoint=saved, checkpoint_dir_name=f"step_{step:06d}")
+    if progress is not None:
+        progress.close()  # the last report, which may wait out the storage's write rate
 
 
 def free_port() -> int:

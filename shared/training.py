@@ -41,6 +41,8 @@ FIRST_ATTEMPT: Final = 1
 _Handler = Callable[[int, FrameType | None], object] | int | None
 
 logger = logging.getLogger(__name__)
+PROGRESS_INTERVAL_S: Final = 1.0
+"""The least time between two writes of a job's progress: GCS's rate for one object."""
 
 
 class TrainingEnvironmentError(RuntimeError):
@@ -94,7 +96,9 @@ class TrainingContext:
         storage: CheckpointStorage | None = None,
         clock: Clock | None = None,
         request_poll_interval_s: float = 1.0,
+        progress_interval_s: float = PROGRESS_INTERVAL_S,
         monotonic: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self.environment = environment
         # Built once: a GCS client costs a credential lookup, too much for every step.
@@ -105,6 +109,11 @@ class TrainingContext:
         self._poll_interval_s = request_poll_interval_s
         self._monotonic = monotonic
         self._next_poll_at = float("-inf")
+        self._progress_interval_s = progress_interval_s
+        self._sleep = sleep
+        self._next_progress_at = float("-inf")
+        self._unwritten: ProgressReport | None = None
+        """The latest report not yet written: `report` writes at most once an interval."""
         self._requested = threading.Event()
         self._previous_handler: _Handler = None
         self._handler_installed = False
@@ -147,7 +156,11 @@ class TrainingContext:
         self._handler_installed = True
 
     def close(self) -> None:
-        """Give SIGTERM back to whichever handler it had before."""
+        """Write the last progress report if it waits (once the interval since the last
+        write is over), and give SIGTERM back to whichever handler it had before."""
+        if self._unwritten is not None:
+            self._sleep(max(0.0, self._next_progress_at - self._monotonic()))
+            self.flush_progress()
         if self._handler_installed:
             # None means a handler set outside Python; the default is the closest we can restore.
             previous = self._previous_handler
@@ -223,8 +236,16 @@ class TrainingContext:
     def report(
         self, step: int, metrics: Mapping[str, float], total_steps: int | None = None
     ) -> None:
-        """Publish progress (progress.json at the job's root) for the platform and the user."""
-        report = ProgressReport(
+        """Publish progress (progress.json at the job's root) for the platform and the user.
+
+        Called every step, it writes at most once per `progress_interval_s` (GCS takes one
+        write a second to an object, and past it answers 429, which its client retries,
+        stalling the step): a report between two writes waits, and the latest one goes
+        at the next write, at `flush_progress`, or at `close` (which waits out the
+        interval). A write that fails is logged and tried again at the next; training never
+        stops for progress.
+        """
+        self._unwritten = ProgressReport(
             job_id=self.job_id,
             attempt=self.attempt,
             step=step,
@@ -232,4 +253,19 @@ class TrainingContext:
             metrics=dict(metrics),
             updated_at=self._clock.now(),
         )
-        write_progress(self.checkpoint_uri, report, storage=self._storage)
+        if self._monotonic() >= self._next_progress_at:
+            self.flush_progress()
+
+    def flush_progress(self) -> None:
+        """Write the latest progress report now, if one waits (within the interval since
+        the last write, GCS may refuse it: it is then tried again at the next)."""
+        report = self._unwritten
+        if report is None:
+            return
+        self._next_progress_at = self._monotonic() + self._progress_interval_s
+        try:
+            write_progress(self.checkpoint_uri, report, storage=self._storage)
+        except OSError as error:
+            logger.warning("progress of step %s not written: %s", report.step, error)
+            return
+        self._unwritten = None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
 
@@ -32,6 +32,9 @@ class FakeMonotonic:
 
     def __call__(self) -> float:
         return self.now_s
+
+    def sleep(self, seconds: float) -> None:
+        self.now_s += seconds
 
 
 class CountingStorage(LocalStorage):
@@ -62,17 +65,19 @@ def context_for(
     storage: CheckpointStorage | None = None,
     clock: FixedClock | None = None,
     request_poll_interval_s: float = 1.0,
-    monotonic: Callable[[], float] | None = None,
+    monotonic: FakeMonotonic | None = None,
 ) -> TrainingContext:
     environment = TrainingEnvironment(
         job_id="job-7", attempt=attempt, checkpoint_uri=job_uri, resume_from=resume_from
     )
+    fake_time = monotonic if monotonic is not None else FakeMonotonic()
     return TrainingContext(
         environment,
         storage=storage,
         clock=clock,
         request_poll_interval_s=request_poll_interval_s,
-        monotonic=monotonic if monotonic is not None else FakeMonotonic(),
+        monotonic=fake_time,
+        sleep=fake_time.sleep,
     )
 
 
@@ -196,10 +201,15 @@ def test_save_records_job_attempt_and_the_clocks_time(job_uri: str) -> None:
 
 
 def test_report_publishes_progress_at_the_jobs_root(job_uri: str) -> None:
+    """The first report is written at once; one within the interval waits for `close`."""
     clock = FixedClock()
     context = context_for(job_uri, attempt=2, clock=clock)
     context.report(40, {"loss": 0.25, "accuracy": 0.9}, total_steps=200)
     context.report(50, {"loss": 0.2, "accuracy": 0.92}, total_steps=200)
+    written = read_progress(job_uri)
+    assert written is not None
+    assert written.step == 40
+    context.close()
     progress = read_progress(job_uri)
     assert progress is not None
     assert (progress.job_id, progress.attempt, progress.step, progress.total_steps) == (
@@ -210,6 +220,54 @@ def test_report_publishes_progress_at_the_jobs_root(job_uri: str) -> None:
     )
     assert progress.metrics == {"loss": 0.2, "accuracy": 0.92}
     assert progress.updated_at == clock.now()
+
+
+class RateLimitedStorage(LocalStorage):
+    """GCS's limit on one object: a second write within a second is refused (429)."""
+
+    def __init__(self, monotonic: FakeMonotonic) -> None:
+        self._monotonic = monotonic
+        self._written_at: dict[str, float] = {}
+        self.writes: list[str] = []
+
+    def put(self, key: str, data: bytes) -> None:
+        at = self._monotonic()
+        if at - self._written_at.get(key, float("-inf")) < 1.0:
+            msg = f"429 The object {key} exceeded the rate limit for object mutation operations"
+            raise OSError(msg)
+        self._written_at[key] = at
+        self.writes.append(key)
+        super().put(key, data)
+
+
+def test_progress_every_step_stays_within_the_storages_rate(job_uri: str) -> None:
+    """Issue 20: a report every 50 ms writes progress.json once a second, never past the
+    rate GCS takes; closing writes the last step."""
+    monotonic = FakeMonotonic()
+    storage = RateLimitedStorage(monotonic)
+    context = context_for(job_uri, storage=storage, monotonic=monotonic)
+    for step in range(1, 101):
+        context.report(step, {"loss": 1 / step}, total_steps=100)
+        monotonic.now_s += 0.05
+    progress = [key for key in storage.writes if key.endswith("progress.json")]
+    assert len(progress) == 5
+    context.close()  # waits out the second since the last write, then writes the last
+    last = read_progress(job_uri, storage=storage)
+    assert last is not None
+    assert last.step == 100
+
+
+def test_a_refused_progress_write_is_tried_again_and_never_raises(job_uri: str) -> None:
+    monotonic = FakeMonotonic()
+    storage = RateLimitedStorage(monotonic)
+    context = context_for(job_uri, storage=storage, monotonic=monotonic)
+    storage.put("job-7/progress.json", b"{}")  # someone else just wrote it
+    context.report(1, {"loss": 1.0})
+    monotonic.now_s += 1.5
+    context.report(2, {"loss": 0.5})
+    written = read_progress(job_uri, storage=storage)
+    assert written is not None
+    assert written.step == 2
 
 
 # Asking the run to checkpoint and stop
