@@ -1,14 +1,20 @@
-"""A local fake of Pub/Sub's Subscriber gRPC service (Pull, Acknowledge, ModifyAckDeadline)
-for one subscription, for the real `SubscriberClient` pointed at it over an insecure channel.
+"""A local fake of Pub/Sub's Subscriber gRPC service (StreamingPull, Pull, Acknowledge,
+ModifyAckDeadline) for one subscription, for the real `SubscriberClient` pointed at it over
+an insecure channel.
 
-Like the real one where tests depend on it: a message stays until acked; a pulled message is
-leased for the ack deadline, then delivered again with a new ack id; an ack with a stale
-ack id does nothing; `ModifyAckDeadline` to 0 releases a message at once; a pull with
-nothing to deliver waits for a message until shortly before the client's deadline.
+Like the real one where tests depend on it (cloud.google.com/pubsub/docs/pull, "StreamingPull
+API" and "lease management"; google/pubsub/v1/pubsub.proto): a message stays until acked; a
+delivered message is leased for the ack deadline (the stream's `stream_ack_deadline_seconds`,
+10 to 600, or the subscription's for a unary pull), then delivered again with a new ack id
+unless a `ModifyAckDeadline` extends its lease; an ack with a stale ack id does nothing;
+`ModifyAckDeadline` to 0 releases a message at once; a stream delivers no more than its
+`max_outstanding_messages` unacked at a time; a unary pull with nothing to deliver waits for
+a message until shortly before the client's deadline.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import threading
 import time
@@ -29,6 +35,8 @@ from google.pubsub_v1.types import (
     PullRequest,
     PullResponse,
     ReceivedMessage,
+    StreamingPullRequest,
+    StreamingPullResponse,
 )
 
 SERVICE = "google.pubsub.v1.Subscriber"
@@ -70,6 +78,8 @@ class FakeSubscription:
     """Message ids released with `ModifyAckDeadline(0)`, in order."""
     calls: list[str] = field(default_factory=list)
     """The methods called, in order."""
+    extended: list[tuple[str, int]] = field(default_factory=list)
+    """(message id, seconds) of every lease extension (`ModifyAckDeadline` above 0)."""
     _messages: dict[str, _Message] = field(default_factory=dict, init=False)
     _ids: Iterator[int] = field(default_factory=lambda: itertools.count(1), init=False)
     _changed: threading.Condition = field(default_factory=threading.Condition, init=False)
@@ -112,14 +122,63 @@ class FakeSubscription:
                 self._changed.wait(_POLL_S)
             return PullResponse(received_messages=[self._deliver(m) for m in ready])
 
+    def streaming_pull(
+        self, requests: Iterator[StreamingPullRequest], context: Any
+    ) -> Iterator[StreamingPullResponse]:
+        first = next(requests, None)
+        if first is None:
+            return  # the client went before it asked for anything
+        self._called("StreamingPull", first.subscription, context)
+        if not 10 <= first.stream_ack_deadline_seconds <= 600:
+            context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, "stream_ack_deadline_seconds is 10 to 600"
+            )
+        lease_s = float(first.stream_ack_deadline_seconds)
+        most = first.max_outstanding_messages or 1000
+        sent: dict[str, _Message] = {}  # ack id -> message, delivered on this stream
+
+        def read() -> None:
+            # Acks and lease changes may also come on the stream (the client sends them
+            # as unary calls, but the protocol allows both).
+            with contextlib.suppress(grpc.RpcError):  # the client cancelled the stream
+                for request in requests:
+                    with self._changed:
+                        self._ack(request.ack_ids)
+                        for ack_id, seconds in zip(
+                            request.modify_deadline_ack_ids,
+                            request.modify_deadline_seconds,
+                            strict=False,
+                        ):
+                            self._modify([ack_id], seconds)
+
+        threading.Thread(target=read, name="fake-pubsub-stream", daemon=True).start()
+        while context.is_active():
+            with self._changed:
+                now = time.monotonic()
+                outstanding = sum(
+                    1
+                    for ack_id, m in sent.items()
+                    if m.ack_id == ack_id and not m.acked and (m.leased_until or 0) > now
+                )
+                ready = self._ready(most - outstanding) if outstanding < most else []
+                if not ready:
+                    self._changed.wait(_POLL_S)
+                    continue
+                delivered = [self._deliver(m, lease_s) for m in ready]
+                sent.update({d.ack_id: self._messages[d.message.message_id] for d in delivered})
+            yield StreamingPullResponse(received_messages=delivered)
+
     def acknowledge(self, request: AcknowledgeRequest, context: Any) -> empty_pb2.Empty:
         self._called("Acknowledge", request.subscription, context)
         with self._changed:
-            for message in self._leased(request.ack_ids):
-                if not message.acked:
-                    message.acked = True
-                    self.acks.append(message.message_id)
+            self._ack(request.ack_ids)
         return empty_pb2.Empty()
+
+    def _ack(self, ack_ids: Iterable[str]) -> None:
+        for message in self._leased(ack_ids):
+            if not message.acked:
+                message.acked = True
+                self.acks.append(message.message_id)
 
     def modify_ack_deadline(
         self, request: ModifyAckDeadlineRequest, context: Any
@@ -128,12 +187,19 @@ class FakeSubscription:
         if not 0 <= request.ack_deadline_seconds <= 600:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "ack_deadline_seconds is 0 to 600")
         with self._changed:
-            for message in self._leased(request.ack_ids):
-                message.leased_until = time.monotonic() + request.ack_deadline_seconds
-                if request.ack_deadline_seconds == 0:
-                    self.released.append(message.message_id)
-            self._changed.notify_all()
+            self._modify(request.ack_ids, request.ack_deadline_seconds)
         return empty_pb2.Empty()
+
+    def _modify(self, ack_ids: Iterable[str], seconds: int) -> None:
+        for message in self._leased(ack_ids):
+            if message.acked:
+                continue
+            message.leased_until = time.monotonic() + seconds
+            if seconds == 0:
+                self.released.append(message.message_id)
+            else:
+                self.extended.append((message.message_id, seconds))
+        self._changed.notify_all()
 
     def _called(self, method: str, subscription: str, context: Any) -> None:
         self.calls.append(method)
@@ -152,10 +218,12 @@ class FakeSubscription:
         )
         return list(itertools.islice(ready, limit))
 
-    def _deliver(self, message: _Message) -> ReceivedMessage:
+    def _deliver(self, message: _Message, lease_s: float | None = None) -> ReceivedMessage:
         message.deliveries += 1
         message.ack_id = f"{message.message_id}-{uuid.uuid4().hex}"
-        message.leased_until = time.monotonic() + self.ack_deadline_s
+        message.leased_until = time.monotonic() + (
+            self.ack_deadline_s if lease_s is None else lease_s
+        )
         return ReceivedMessage(
             ack_id=message.ack_id,
             message=PubsubMessage(
@@ -189,6 +257,11 @@ def serve_fake_pubsub(subscription: FakeSubscription) -> Iterator[FakeSubscripti
         SERVICE,
         {
             "Pull": _unary(subscription.pull, PullRequest, PullResponse.serialize),
+            "StreamingPull": grpc.stream_stream_rpc_method_handler(
+                subscription.streaming_pull,
+                request_deserializer=StreamingPullRequest.deserialize,
+                response_serializer=StreamingPullResponse.serialize,
+            ),
             "Acknowledge": _unary(
                 subscription.acknowledge, AcknowledgeRequest, empty_pb2.Empty.SerializeToString
             ),

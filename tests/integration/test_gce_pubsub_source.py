@@ -1,9 +1,10 @@
-"""The gce-pubsub source through the real google-cloud-pubsub client, over gRPC, against a
-local fake of the Subscriber service with a short ack deadline."""
+"""The gce-pubsub source through the real google-cloud-pubsub client's streaming pull, over
+gRPC, against a local fake of the Subscriber service."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import aclosing
@@ -28,7 +29,8 @@ pytestmark = pytest.mark.integration
 
 SUBSCRIPTION = "projects/spotrain-prod/subscriptions/gce-preemptions"
 ACK_DEADLINE_S = 1.0
-PULL_TIMEOUT_S = 0.3
+LEASE_S = 10
+"""The client's shortest lease (its receipt modack and each extension, at the least)."""
 DATA = Path(__file__).parents[1] / "data" / "gce"
 SPOT_NODE = "gke-train-gpu-spot-5f3c2a1b-x7kq"
 SPOT_KEY = "systemevent-1773480413000-64d7f2a9c1b3e-8a2f41c7-3e9b5d06"
@@ -64,7 +66,7 @@ def client(pubsub: FakeSubscription) -> Iterator[SubscriberClient]:
 
 @pytest.fixture
 def source(client: SubscriberClient) -> PubSubNoticeSource:
-    return PubSubNoticeSource(client, SUBSCRIPTION, pull_timeout_s=PULL_TIMEOUT_S)
+    return PubSubNoticeSource(client, SUBSCRIPTION, lease_extension_s=LEASE_S)
 
 
 async def test_a_preemption_entry_becomes_a_node_preempting_signal(
@@ -93,44 +95,67 @@ async def test_a_signal_is_acked_only_when_the_consumer_asks_for_the_next(
     stop = asyncio.Event()
     async with aclosing(source.signals(stop)) as signals:
         assert (await next_signal(signals)).data.node == SPOT_NODE
+        await asyncio.sleep(0.3)  # the client sends acks within 0.1 s
         assert pubsub.acks == []
         assert "Acknowledge" not in pubsub.calls
 
         assert (await next_signal(signals)).data.node == OTHER_NODE
-        assert pubsub.acks == [first]
+        await eventually(lambda: pubsub.acks == [first])
 
         stop.set()
         with pytest.raises(StopAsyncIteration):
             await next_signal(signals)
-    assert pubsub.acks == [first, second]
+    await eventually(lambda: pubsub.acks == [first, second])
     assert pubsub.unacked() == []
     assert pubsub.released == []
+    assert "StreamingPull" in pubsub.calls
+    assert "Pull" not in pubsub.calls
 
 
-async def test_a_consumer_that_dies_gets_the_same_signal_again_after_the_ack_deadline(
-    pubsub: FakeSubscription, source: PubSubNoticeSource, client: SubscriberClient
+async def test_a_notice_held_longer_than_its_lease_is_not_delivered_again(
+    pubsub: FakeSubscription, source: PubSubNoticeSource
 ) -> None:
-    """A watcher that dies holding a signal (nothing closes its iteration) has not acked it:
-    after the ack deadline, the next watcher gets it again, with the same key."""
+    """Issue 20: while the consumer handles a signal, the client extends its message's lease,
+    so no other pull gets it however long that takes."""
     message = publish_entry(pubsub, "preempted_spot_node")
-    dead = source.signals(asyncio.Event())
+    async with aclosing(source.signals(asyncio.Event())) as signals:
+        await next_signal(signals)
+        await eventually(lambda: len(pubsub.extended) >= 2, timeout_s=LEASE_S * 1.5)
+        assert pubsub.deliveries(message) == 1
+    assert {m for m, _ in pubsub.extended} == {message}
+    assert all(seconds <= LEASE_S for _, seconds in pubsub.extended)
+
+
+async def test_a_consumer_that_dies_gets_the_same_signal_again_after_its_lease(
+    pubsub: FakeSubscription, client: SubscriberClient
+) -> None:
+    """A watcher that dies holding a signal (its process gone: its stream and its lease
+    extensions with it) has not acked it: once the lease runs out, the next watcher gets
+    it again, with the same key."""
+    message = publish_entry(pubsub, "preempted_spot_node")
+    dead_client = connect_subscriber(pubsub.endpoint)
+    dead = PubSubNoticeSource(dead_client, SUBSCRIPTION, lease_extension_s=LEASE_S).signals(
+        asyncio.Event()
+    )
     try:
         held = await next_signal(dead)
         handed_out_at = time.monotonic()
+        dead_client.close()  # the process dies: nothing is released, nothing extended
 
-        restarted = PubSubNoticeSource(client, SUBSCRIPTION, pull_timeout_s=PULL_TIMEOUT_S)
+        restarted = PubSubNoticeSource(client, SUBSCRIPTION, lease_extension_s=LEASE_S)
         async with aclosing(restarted.signals(asyncio.Event())) as signals:
-            again = await next_signal(signals)
+            again = await asyncio.wait_for(anext(signals), timeout=LEASE_S * 3)
             waited_s = time.monotonic() - handed_out_at
     finally:
-        await dead.aclose()
+        with contextlib.suppress(Exception):
+            await dead.aclose()
 
     assert again.key == held.key == SPOT_KEY
     assert again.event_id == held.event_id
-    assert waited_s >= ACK_DEADLINE_S * 0.9, "redelivered before the ack deadline"
+    assert waited_s >= LEASE_S * 0.5, "redelivered while the dead watcher's lease held"
     assert pubsub.deliveries(message) == 2
     assert pubsub.acks == []
-    assert pubsub.released == [message], "only the live delivery's ack id releases it"
+    await eventually(lambda: pubsub.released == [message])
 
 
 async def test_a_consumer_that_fails_releases_its_signal_for_the_next_at_once(
@@ -149,7 +174,7 @@ async def test_a_consumer_that_fails_releases_its_signal_for_the_next_at_once(
     with pytest.raises(RuntimeError, match="bus down"):
         await publish_fails()
     assert pubsub.acks == []
-    assert pubsub.released == [message]
+    await eventually(lambda: pubsub.released == [message])
 
     async with aclosing(source.signals(asyncio.Event())) as signals:
         again = await asyncio.wait_for(anext(signals), timeout=5)
@@ -157,20 +182,20 @@ async def test_a_consumer_that_fails_releases_its_signal_for_the_next_at_once(
     assert pubsub.deliveries(message) == 2
 
 
-async def test_stop_releases_pulled_messages_not_yet_handed_out(
+async def test_stop_releases_received_messages_not_yet_handed_out(
     pubsub: FakeSubscription, source: PubSubNoticeSource
 ) -> None:
-    """Messages pulled in a batch but not handed out before stop go back at once."""
+    """Messages received but not handed out before stop go back at once."""
     first = publish_entry(pubsub, "preempted_spot_node")
     second = publish_entry(pubsub, "preempted_without_operation")
     stop = asyncio.Event()
     async with aclosing(source.signals(stop)) as signals:
         await next_signal(signals)
+        await eventually(lambda: pubsub.deliveries(second) == 1)
         stop.set()
         with pytest.raises(StopAsyncIteration):
             await next_signal(signals)
-    assert pubsub.acks == [first]
-    assert pubsub.released == [second]
+    await eventually(lambda: pubsub.acks == [first] and pubsub.released == [second])
     assert pubsub.deliveries(second) == 1
 
 
@@ -205,26 +230,26 @@ async def test_non_preemptions_and_malformed_messages_are_acked_and_skipped(
 
 
 async def test_stop_ends_an_idle_iteration_promptly(source: PubSubNoticeSource) -> None:
-    """With nothing to pull, a set stop ends the iteration within about one pull timeout."""
+    """With nothing to receive, a set stop ends the iteration at once."""
     stop = asyncio.Event()
 
     async def consume() -> list[NodeSignal]:
         return [signal async for signal in source.signals(stop)]
 
     task = asyncio.create_task(consume())
-    await asyncio.sleep(PULL_TIMEOUT_S * 2)  # inside a pull waiting on the server
+    await asyncio.sleep(0.5)  # the stream open, waiting on the server
     assert not task.done()
     stopped_at = time.monotonic()
     stop.set()
     assert await asyncio.wait_for(task, timeout=10) == []
-    assert time.monotonic() - stopped_at < PULL_TIMEOUT_S + 1.0
+    assert time.monotonic() - stopped_at < 2.0
 
 
 async def test_a_missing_subscription_is_a_clear_os_error(client: SubscriberClient) -> None:
     """Pub/Sub's NOT_FOUND leaves as a PubSubError naming the subscription, for the runtime
     to restart the source after a pause."""
     missing = "projects/spotrain-prod/subscriptions/nope"
-    source = PubSubNoticeSource(client, missing, pull_timeout_s=PULL_TIMEOUT_S)
+    source = PubSubNoticeSource(client, missing)
     with pytest.raises(PubSubError, match=f"pulling from {missing}: 404") as raised:
         async with aclosing(source.signals(asyncio.Event())) as signals:
             await next_signal(signals)

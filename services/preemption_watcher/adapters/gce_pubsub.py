@@ -4,20 +4,28 @@ publishes to a Pub/Sub topic, pulled from its subscription with the official cli
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, Callable, Collection, Sequence
+import contextlib
+from collections.abc import AsyncGenerator, Callable
 from datetime import timedelta
 from typing import TypeVar
 
 import grpc  # type: ignore[import-untyped]  # grpcio ships no type hints
 import structlog
-from google.api_core.exceptions import DeadlineExceeded, GoogleAPIError
+from google.api_core.exceptions import GoogleAPIError
 from google.auth.exceptions import GoogleAuthError
 from google.cloud.pubsub_v1 import (  # type: ignore[import-untyped]  # no py.typed marker
-    SubscriberClient as PubSubSubscriberClient,
+    SubscriberClient,
 )
-from google.pubsub_v1 import SubscriberClient
+from google.cloud.pubsub_v1.subscriber.futures import (  # type: ignore[import-untyped]
+    StreamingPullFuture,
+)
+from google.cloud.pubsub_v1.subscriber.message import (  # type: ignore[import-untyped]
+    Message,
+)
+from google.cloud.pubsub_v1.types import (  # type: ignore[import-untyped]
+    FlowControl,
+)
 from google.pubsub_v1.services.subscriber.transports import SubscriberGrpcTransport
-from google.pubsub_v1.types import ReceivedMessage
 
 from services.preemption_watcher.model import NodeSignal
 from services.preemption_watcher.payloads.gce_logging import (
@@ -35,21 +43,28 @@ class PubSubError(OSError):
     starts the source again after a pause."""
 
 
+class _Ended:
+    """The stream ended without an error (it was cancelled)."""
+
+
 class PubSubNoticeSource:
     """`SignalSource` over a Pub/Sub subscription fed by a sink of preemption log entries.
 
     Semantics:
-    - Unary `Pull` of up to `max_messages`, each waiting at most `pull_timeout_s` (in a
-      worker thread), so a set `stop` ends the iteration within about that time.
+    - One StreamingPull through the client's own subscriber (`subscribe`), which keeps a
+      stream open, reconnects it when the server ends it, and extends the lease of every
+      message it holds (by `lease_extension_s` at a time) until it is acked or released,
+      up to `max_lease_s`: a message is not redelivered while it is being handled, however
+      long that takes. At most `max_messages` are held at a time.
     - A signal's message is acked once the consumer asks for the next signal; the messages
       that are not preemptions, or can never be read (a warning with the message id and the
-      reason), are acked without a signal, with the next ack.
-    - When the iteration ends (stop, an error, or the consumer closing it), messages pulled
-      but not acked are released (ack deadline 0), so another pull gets them at once
-      instead of after the subscription's ack deadline. A consumer that dies without
-      closing the iteration gets them again after the ack deadline: at least once.
-    - Pub/Sub and Google auth errors leave as `PubSubError` (an `OSError`); calls are not
-      retried here, the runtime restarts the source.
+      reason), are acked without a signal.
+    - When the iteration ends (stop, an error, or the consumer closing it), the messages
+      received but not acked are released (nack: ack deadline 0), so another pull gets them
+      at once, and the stream is closed. A consumer that dies without closing the iteration
+      leaves them to the subscription's ack deadline: at least once.
+    - A stream that fails for good (the subscription missing, credentials refused) ends the
+      iteration with `PubSubError` (an `OSError`); the runtime starts the source again.
     """
 
     name = "gce-pubsub"
@@ -61,47 +76,85 @@ class PubSubNoticeSource:
         *,
         notice: timedelta = GCE_PREEMPTION_NOTICE,
         max_messages: int = 10,
-        pull_timeout_s: float = 2.0,
-        call_timeout_s: float = 10.0,
+        max_lease_s: float = 600.0,
+        lease_extension_s: int = 10,
+        close_timeout_s: float = 10.0,
     ) -> None:
         self._client = client
         self._subscription = subscription
         self._notice = notice
-        self._max_messages = max_messages
-        self._pull_timeout_s = pull_timeout_s
-        self._call_timeout_s = call_timeout_s
+        # Short extensions, renewed often: a watcher that dies holding a notice lets another
+        # have it within `lease_extension_s`, well inside the notice's 30 s.
+        self._flow = FlowControl(
+            max_messages=max_messages,
+            max_lease_duration=max_lease_s,
+            max_duration_per_lease_extension=lease_extension_s,
+        )
+        self._close_timeout_s = close_timeout_s
 
     async def signals(self, stop: asyncio.Event) -> AsyncGenerator[NodeSignal, None]:
-        held: set[str] = set()  # ack ids pulled and not acked: released at the end
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[Message | BaseException | _Ended] = asyncio.Queue()
+
+        def put(item: Message | BaseException | _Ended) -> None:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody listens
+                loop.call_soon_threadsafe(queue.put_nowait, item)
+
+        def ended(future: StreamingPullFuture) -> None:
+            error = None if future.cancelled() else future.exception()
+            put(error if error is not None else _Ended())
+
+        stream = await asyncio.to_thread(
+            self._call,
+            f"pulling from {self._subscription}",
+            lambda: self._client.subscribe(self._subscription, put, flow_control=self._flow),
+        )
+        stream.add_done_callback(ended)
+        held: list[Message] = []  # received and not acked: released at the end
+        stopped = asyncio.ensure_future(stop.wait())
+        got: asyncio.Future[Message | BaseException | _Ended] | None = None
         try:
             while not stop.is_set():
-                received = await self._pull()
-                held.update(m.ack_id for m in received)
-                done: list[str] = []
-                for message in received:
-                    if stop.is_set():
-                        break
-                    signal = self._read(message)
-                    if signal is not None:
-                        yield signal
-                        # The consumer asks for the next signal: it is done with this one.
-                    done.append(message.ack_id)
-                    if signal is not None:
-                        await self._acknowledge(done, held)
-                        done = []
-                await self._acknowledge(done, held)
+                got = asyncio.ensure_future(queue.get())
+                await asyncio.wait({got, stopped}, return_when=asyncio.FIRST_COMPLETED)
+                if not got.done():
+                    break
+                item = got.result()
+                if isinstance(item, _Ended):
+                    return
+                if isinstance(item, BaseException):
+                    msg = f"pulling from {self._subscription}: {item}"
+                    raise PubSubError(msg) from item
+                held.append(item)
+                signal = self._read(item)
+                if signal is not None:
+                    yield signal
+                    # The consumer asks for the next signal: it is done with this one.
+                item.ack()
+                held.remove(item)
         finally:
-            await self._release(held)
+            for waiting in (got, stopped):
+                if waiting is not None:
+                    waiting.cancel()
+            while not queue.empty():
+                if isinstance(left := queue.get_nowait(), Message):
+                    held.append(left)
+            for message in held:
+                message.nack()
+            if held:
+                log.debug("pubsub.released", subscription=self._subscription, messages=len(held))
+            stream.cancel()  # flushes the acks and releases above, then closes the stream
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(stream.result, timeout=self._close_timeout_s)
 
-    def _read(self, received: ReceivedMessage) -> NodeSignal | None:
-        message = received.message
+    def _read(self, received: Message) -> NodeSignal | None:
         try:
-            signal = read_preemption(message.data, notice=self._notice)
+            signal = read_preemption(received.data, notice=self._notice)
         except MalformedEntryError as error:
             log.warning(
                 "pubsub.message_malformed",
                 subscription=self._subscription,
-                message_id=message.message_id,
+                message_id=received.message_id,
                 reason=str(error),
             )
             return None
@@ -109,60 +162,9 @@ class PubSubNoticeSource:
             log.debug(
                 "pubsub.message_skipped",
                 subscription=self._subscription,
-                message_id=message.message_id,
+                message_id=received.message_id,
             )
         return signal
-
-    async def _pull(self) -> Sequence[ReceivedMessage]:
-        def pull() -> Sequence[ReceivedMessage]:
-            try:
-                response = self._client.pull(
-                    subscription=self._subscription,
-                    max_messages=self._max_messages,
-                    timeout=self._pull_timeout_s,
-                    retry=None,
-                )
-            except DeadlineExceeded:
-                return ()  # nothing came within the pull timeout
-            return response.received_messages
-
-        return await asyncio.to_thread(self._call, f"pulling from {self._subscription}", pull)
-
-    async def _acknowledge(self, ack_ids: list[str], held: set[str]) -> None:
-        if not ack_ids:
-            return
-        await asyncio.to_thread(
-            self._call,
-            f"acknowledging {len(ack_ids)} messages on {self._subscription}",
-            lambda: self._client.acknowledge(
-                subscription=self._subscription,
-                ack_ids=ack_ids,
-                timeout=self._call_timeout_s,
-                retry=None,
-            ),
-        )
-        held.difference_update(ack_ids)
-
-    async def _release(self, held: Collection[str]) -> None:
-        """Best effort: a message not released comes back after its ack deadline anyway."""
-        if not held:
-            return
-        try:
-            await asyncio.to_thread(
-                self._call,
-                f"releasing {len(held)} messages on {self._subscription}",
-                lambda: self._client.modify_ack_deadline(
-                    subscription=self._subscription,
-                    ack_ids=list(held),
-                    ack_deadline_seconds=0,
-                    timeout=self._call_timeout_s,
-                    retry=None,
-                ),
-            )
-        except PubSubError as error:
-            log.warning("pubsub.release_failed", subscription=self._subscription, error=str(error))
-        else:
-            log.debug("pubsub.released", subscription=self._subscription, messages=len(held))
 
     @staticmethod
     def _call(what: str, call: Callable[[], T]) -> T:
@@ -181,8 +183,8 @@ def connect_subscriber(endpoint: str | None = None) -> SubscriberClient:
 
     The caller closes the client (`close()`, or use it as a context manager)."""
     if endpoint is None:
-        client: SubscriberClient = PubSubSubscriberClient()
+        client: SubscriberClient = SubscriberClient()
         return client
     transport = SubscriberGrpcTransport(host=endpoint, channel=grpc.insecure_channel(endpoint))
-    client = PubSubSubscriberClient(transport=transport)
+    client = SubscriberClient(transport=transport)
     return client
