@@ -48,6 +48,8 @@ class FakeKubeRay:
     pods: dict[str, Json] = field(default_factory=dict)
     requests: list[Received] = field(default_factory=list)
     fail_next: list[int] = field(default_factory=list)
+    serves_ray: bool = True
+    """Whether the cluster has KubeRay's CRDs (its discovery lists ray.io/v1)."""
     events: list[tuple[str, str, str]] = field(default_factory=list)
     """(reason, cluster, message) of the Warning events the operator recorded."""
     endpoint: str = ""
@@ -151,8 +153,17 @@ class FakeKubeRay:
             code = self.fail_next.pop(0) if self.fail_next else 0
             if code:
                 return code, status_body(code, "InternalError", "injected failure")
-            if received.method == "GET" and received.path.rstrip("/") in _DISCOVERY:
-                return 200, _DISCOVERY[received.path.rstrip("/")]
+            served = _DISCOVERY[self.serves_ray]
+            if received.method == "GET" and received.path.rstrip("/") in served:
+                return 200, served[received.path.rstrip("/")]
+            if received.method == "GET" and received.path.startswith("/api/v1/namespaces/"):
+                name = received.path.rstrip("/").rsplit("/", 1)[-1]
+                if name in (self.namespace, "kube-system", "default"):
+                    return 200, {
+                        "kind": "Namespace",
+                        "apiVersion": "v1",
+                        "metadata": {"name": name},
+                    }
             parts = received.path.strip("/").split("/")
             pods_path = ["api", "v1", "namespaces", self.namespace, "pods"]
             clusters_path = ["apis", "ray.io", "v1", "namespaces", self.namespace, "rayclusters"]
@@ -244,6 +255,7 @@ def _merge(target: Any, patch: Any) -> Any:
 # The resources are those the chart makes, so that helm can map each of its objects.
 _SERVED = (
     # group, version, kind, plural, namespaced
+    ("", "v1", "Namespace", "namespaces", False),
     ("", "v1", "Pod", "pods", True),
     ("", "v1", "ConfigMap", "configmaps", True),
     ("", "v1", "ServiceAccount", "serviceaccounts", True),
@@ -262,13 +274,15 @@ _SERVED = (
 )
 
 
-def _discovery() -> dict[str, Json]:
+def _discovery(*, ray: bool = True) -> dict[str, Json]:
     documents: dict[str, Json] = {
         "/version": {"major": "1", "minor": "31", "gitVersion": "v1.31.4-gke.1256000"},
         "/api": {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []},
     }
     groups: dict[str, list[Json]] = {}
     for group, version, kind, plural, namespaced in _SERVED:
+        if group == "ray.io" and not ray:
+            continue
         singular = kind.lower()
         groups.setdefault(f"{group}/{version}" if group else version, []).append(
             {
@@ -303,7 +317,7 @@ def _discovery() -> dict[str, Json]:
     return documents
 
 
-_DISCOVERY = _discovery()
+_DISCOVERY = {True: _discovery(), False: _discovery(ray=False)}
 
 
 def _stamp(at: datetime) -> str:

@@ -18,6 +18,7 @@ from typing import Any
 
 import kubernetes_validate  # type: ignore[import-untyped]  # the package ships no type hints
 import pytest
+import yaml
 from jsonschema import Draft202012Validator
 from pydantic import AliasChoices, ValidationError
 from pydantic_settings import BaseSettings
@@ -38,6 +39,7 @@ from shared.resources import (
     pool_resource,
 )
 from shared.teams import parse_teams
+from tests.fakes.kuberay_server import FakeKubeRay, serve_fake_kuberay
 from tests.fakes.kuberay_validation import ray_cluster_errors
 from tests.helm.chart import (
     CHART,
@@ -965,8 +967,6 @@ def test_an_upgrade_keeps_the_replicas_and_workers_to_delete_the_scaler_set(
     """Issue 20, 8: with the kuberay provider an upgrade renders each group's replicas and
     workersToDelete from the live RayCluster (helm's lookup, against a fake API server),
     within the pool's bounds; a group not live yet starts at min_nodes."""
-    from tests.fakes.kuberay_server import FakeKubeRay, serve_fake_kuberay  # noqa: PLC0415
-
     pools = {p["name"]: p for p in _values()["pools"]}
     first, second = list(pools)[:2]
     live = {
@@ -986,6 +986,25 @@ def test_an_upgrade_keeps_the_replicas_and_workers_to_delete_the_scaler_set(
     }
     fake = FakeKubeRay(namespace=NAMESPACE)
     fake.add_cluster(live)
+    result = _against(helm, fake, tmp_path, {"scaler.settings.provider": "kuberay"})
+    assert result.returncode == 0, result.stderr
+    manifests = [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+    (cluster,) = kinds(manifests, "RayCluster")
+    groups = {g["groupName"]: g for g in cluster["spec"]["workerGroupSpecs"]}
+    assert groups[first]["replicas"] == pools[first]["max_nodes"] - 1
+    assert groups[first]["scaleStrategy"] == {"workersToDelete": ["spotrain-gpu-spot-worker-x7k2p"]}
+    assert groups[second]["replicas"] == pools[second]["max_nodes"], "within the bounds"
+    assert "scaleStrategy" not in groups[second]
+    for name in list(pools)[2:]:
+        assert groups[name]["replicas"] == pools[name]["min_nodes"]
+    assert ray_cluster_errors(cluster["spec"]) == []
+
+
+def _against(
+    helm: Helm, fake: FakeKubeRay, tmp_path: Path, sets: dict[str, str]
+) -> subprocess.CompletedProcess[str]:
+    """`helm template` as an upgrade against a fake API server (`--dry-run=server`), where
+    `lookup` and the server's API versions are real."""
     with serve_fake_kuberay(fake) as kube:
         kubeconfig = tmp_path / "kubeconfig"
         kubeconfig.write_text(
@@ -1000,8 +1019,8 @@ def test_an_upgrade_keeps_the_replicas_and_workers_to_delete_the_scaler_set(
                 }
             )
         )
-        manifests = helm.render(
-            sets={**REQUIRED_SETS, "scaler.settings.provider": "kuberay"},
+        return helm.template(
+            sets={**REQUIRED_SETS, **sets},
             extra=[
                 "--dry-run=server",
                 "--is-upgrade",
@@ -1010,12 +1029,16 @@ def test_an_upgrade_keeps_the_replicas_and_workers_to_delete_the_scaler_set(
                 str(kubeconfig),
             ],
         )
-    (cluster,) = kinds(manifests, "RayCluster")
-    groups = {g["groupName"]: g for g in cluster["spec"]["workerGroupSpecs"]}
-    assert groups[first]["replicas"] == pools[first]["max_nodes"] - 1
-    assert groups[first]["scaleStrategy"] == {"workersToDelete": ["spotrain-gpu-spot-worker-x7k2p"]}
-    assert groups[second]["replicas"] == pools[second]["max_nodes"], "within the bounds"
-    assert "scaleStrategy" not in groups[second]
-    for name in list(pools)[2:]:
-        assert groups[name]["replicas"] == pools[name]["min_nodes"]
-    assert ray_cluster_errors(cluster["spec"]) == []
+
+
+def test_an_install_on_a_cluster_without_kuberay_fails_naming_the_fix(
+    helm: Helm, tmp_path: Path
+) -> None:
+    """Issue 20, bad input: no ray.io/v1 RayCluster served (KubeRay missing, or too old):
+    one line that says what to install, before anything is created."""
+    result = _against(helm, FakeKubeRay(namespace=NAMESPACE, serves_ray=False), tmp_path, {})
+    assert result.returncode != 0
+    assert "the cluster serves no ray.io/v1 RayCluster: install the KubeRay operator" in (
+        result.stderr
+    )
+    assert _against(helm, FakeKubeRay(namespace=NAMESPACE), tmp_path, {}).returncode == 0

@@ -148,6 +148,14 @@ annotations:
 {{- $problems = append $problems (printf "pools: %s has min_nodes above max_nodes" .name) }}
 {{- end }}
 {{- end }}
+{{- /* Against a cluster (install, upgrade, --dry-run=server) helm can look things up and
+     the API server says what it serves; offline (helm template) both are empty, and this
+     check is left to the install. */}}
+{{- if and .Values.ray.enabled (lookup "v1" "Namespace" "" "kube-system") }}
+{{- if not (.Capabilities.APIVersions.Has "ray.io/v1/RayCluster") }}
+{{- $problems = append $problems "the cluster serves no ray.io/v1 RayCluster: install the KubeRay operator (v1.5, docs/deploy-gke.md step 4) before spotrain" }}
+{{- end }}
+{{- end }}
 {{- if and (not .Values.ray.enabled) (not .Values.ray.headService) }}
 {{- $problems = append $problems "ray.headService is required when ray.enabled is false: the head Service of the RayCluster to use" }}
 {{- end }}
