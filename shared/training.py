@@ -96,7 +96,7 @@ class TrainingContext:
         storage: CheckpointStorage | None = None,
         clock: Clock | None = None,
         request_poll_interval_s: float = 1.0,
-        progress_interval_s: float = PROGRESS_INTERVAL_S,
+        progress_interval_s: float | None = None,
         monotonic: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
@@ -109,6 +109,10 @@ class TrainingContext:
         self._poll_interval_s = request_poll_interval_s
         self._monotonic = monotonic
         self._next_poll_at = float("-inf")
+        if progress_interval_s is None:
+            # GCS's limit is per object; a local folder has none to keep to.
+            remote = environment.checkpoint_uri.startswith("gs://")
+            progress_interval_s = PROGRESS_INTERVAL_S if remote else 0.0
         self._progress_interval_s = progress_interval_s
         self._sleep = sleep
         self._next_progress_at = float("-inf")
@@ -238,12 +242,12 @@ class TrainingContext:
     ) -> None:
         """Publish progress (progress.json at the job's root) for the platform and the user.
 
-        Called every step, it writes at most once per `progress_interval_s` (GCS takes one
-        write a second to an object, and past it answers 429, which its client retries,
-        stalling the step): a report between two writes waits, and the latest one goes
-        at the next write, at `flush_progress`, or at `close` (which waits out the
-        interval). A write that fails is logged and tried again at the next; training never
-        stops for progress.
+        Called every step, it writes at most once per `progress_interval_s` (by default a
+        second on GCS, which takes one write a second to an object and past it answers
+        429, which its client retries, stalling the step; none on a local folder): a
+        report between two writes waits, and the latest one goes at the next write, at
+        `flush_progress`, or at `close` (which waits out the interval). A write that fails
+        is logged and tried again at the next; training never stops for progress.
         """
         self._unwritten = ProgressReport(
             job_id=self.job_id,

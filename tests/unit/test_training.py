@@ -66,6 +66,7 @@ def context_for(
     clock: FixedClock | None = None,
     request_poll_interval_s: float = 1.0,
     monotonic: FakeMonotonic | None = None,
+    progress_interval_s: float | None = None,
 ) -> TrainingContext:
     environment = TrainingEnvironment(
         job_id="job-7", attempt=attempt, checkpoint_uri=job_uri, resume_from=resume_from
@@ -78,6 +79,7 @@ def context_for(
         request_poll_interval_s=request_poll_interval_s,
         monotonic=fake_time,
         sleep=fake_time.sleep,
+        progress_interval_s=progress_interval_s,
     )
 
 
@@ -203,7 +205,7 @@ def test_save_records_job_attempt_and_the_clocks_time(job_uri: str) -> None:
 def test_report_publishes_progress_at_the_jobs_root(job_uri: str) -> None:
     """The first report is written at once; one within the interval waits for `close`."""
     clock = FixedClock()
-    context = context_for(job_uri, attempt=2, clock=clock)
+    context = context_for(job_uri, attempt=2, clock=clock, progress_interval_s=1.0)
     context.report(40, {"loss": 0.25, "accuracy": 0.9}, total_steps=200)
     context.report(50, {"loss": 0.2, "accuracy": 0.92}, total_steps=200)
     written = read_progress(job_uri)
@@ -245,7 +247,7 @@ def test_progress_every_step_stays_within_the_storages_rate(job_uri: str) -> Non
     rate GCS takes; closing writes the last step."""
     monotonic = FakeMonotonic()
     storage = RateLimitedStorage(monotonic)
-    context = context_for(job_uri, storage=storage, monotonic=monotonic)
+    context = context_for(job_uri, storage=storage, monotonic=monotonic, progress_interval_s=1.0)
     for step in range(1, 101):
         context.report(step, {"loss": 1 / step}, total_steps=100)
         monotonic.now_s += 0.05
@@ -260,7 +262,7 @@ def test_progress_every_step_stays_within_the_storages_rate(job_uri: str) -> Non
 def test_a_refused_progress_write_is_tried_again_and_never_raises(job_uri: str) -> None:
     monotonic = FakeMonotonic()
     storage = RateLimitedStorage(monotonic)
-    context = context_for(job_uri, storage=storage, monotonic=monotonic)
+    context = context_for(job_uri, storage=storage, monotonic=monotonic, progress_interval_s=1.0)
     storage.put("job-7/progress.json", b"{}")  # someone else just wrote it
     context.report(1, {"loss": 1.0})
     monotonic.now_s += 1.5
@@ -375,3 +377,24 @@ def test_the_context_uses_the_storage_it_is_given(job_uri: str) -> None:
     before = storage.gets
     assert context.resume() == (1, {"w": b"1"})
     assert storage.gets > before
+
+
+def test_progress_waits_only_on_gcs(job_uri: str) -> None:
+    """The interval is GCS's limit on one object: on a local folder every report is written
+    at once, on gs:// the second of two within a second waits."""
+    local = TrainingContext(
+        TrainingEnvironment(job_id="job-7", attempt=1, checkpoint_uri=job_uri),
+        monotonic=FakeMonotonic(),
+    )
+    local.report(1, {"loss": 1.0})
+    local.report(2, {"loss": 0.5})
+    assert getattr(read_progress(job_uri), "step", None) == 2
+    storage = LocalStorage()
+    remote = TrainingContext(
+        TrainingEnvironment(job_id="job-7", attempt=1, checkpoint_uri="gs://acme/jobs/job-7"),
+        storage=storage,
+        monotonic=FakeMonotonic(),
+    )
+    remote.report(1, {"loss": 1.0})
+    remote.report(2, {"loss": 0.5})
+    assert getattr(read_progress("gs://acme/jobs/job-7", storage=storage), "step", None) == 1
