@@ -247,6 +247,10 @@ class FakeCompute:
                     instance.errors = [{"code": STOCK_OUT, "message": message}]
                 elif now - instance.asked_at >= self.boot_s:
                     instance.action, instance.status, instance.errors = "NONE", "RUNNING", []
+                    # Compute Engine's record of the VM's making, as its `insert` operation.
+                    self.operations.append(
+                        FakeOperation(group.zone, "insert", instance.name, datetime.now(UTC))
+                    )
 
     def answer(
         self, method: str, path: str, query: dict[str, list[str]], body: dict[str, Any]

@@ -497,3 +497,53 @@ def test_unreadable_instance_groups_stop_the_scaler_at_start_naming_the_permissi
     with pytest.raises(GkeError, match=r"needs compute.instanceGroupManagers.get"):
         _checked(gke, clock, {"gpu-on-demand": "np-gpu-od"}).check()
     _checked(gke, clock, {"gpu-spot": "np-gpu-spot"}).check()
+
+
+def test_pools_that_share_an_instance_group_stop_the_scaler_at_start(
+    gke: FakeGke, clock: FixedClock
+) -> None:
+    """A zone-less pool and a one-zone pool on the same node pool would list its VMs twice."""
+    provider = GkePoolProvider(
+        client=connect_cluster_manager(gke.endpoint),
+        groups=connect_instance_groups(gke.compute.endpoint),
+        cluster=ClusterRef(project="proj", location="europe-west4", cluster="train"),
+        node_pools={"gpu-spot": "np-gpu-spot", "gpu-spot-b": "np-gpu-spot"},
+        zones=ZONE_OF,
+        directory=BootedNodes(gke, clock),
+        clock=clock,
+    )
+    with pytest.raises(GkeError, match="pools gpu-spot and gpu-spot-b share the instance group"):
+        provider.check()
+
+
+async def test_a_vm_made_and_gone_while_no_scaler_watched_is_on_record(
+    gke: FakeGke, compute: FakeCompute, clock: FixedClock
+) -> None:
+    """Compute Engine's insert, then its preemption, of a VM of a pool's group: the scaler
+    that comes back bills it from its making (issue 16 left this to issue 20)."""
+    records = ComputeOperationRecords(connect_compute_operations(compute.endpoint), "proj")
+    provider = GkePoolProvider(
+        client=connect_cluster_manager(gke.endpoint),
+        groups=connect_instance_groups(compute.endpoint),
+        cluster=ClusterRef(project="proj", location="europe-west4", cluster="train"),
+        node_pools={"gpu-spot": "np-gpu-spot", "gpu-on-demand": "np-gpu-od"},
+        directory=BootedNodes(gke, clock),
+        clock=clock,
+        records=records,
+        poll_s=0.05,
+    )
+    [made] = await provider.launch(ON_DEMAND, 1)
+    assert made in {n.name for n in await provider.nodes()}  # it boots
+    compute.preempt(made)
+    compute.operations.append(
+        FakeOperation(ZONES[0], "insert", "someone-elses-vm", datetime.now(UTC))
+    )
+    [stopped] = await provider.stopped()
+    inserted = next(
+        o for o in compute.operations if o.instance == made and o.operation_type == "insert"
+    )
+    assert (stopped.name, stopped.pool) == (made, "gpu-on-demand")
+    assert stopped.launched_at == inserted.end_time.replace(
+        microsecond=(inserted.end_time.microsecond // 1000) * 1000
+    )
+    assert (await provider.ended([made]))[made].source is NodeEndSource.RECORDED

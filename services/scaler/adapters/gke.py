@@ -27,6 +27,7 @@ from google.auth.credentials import AnonymousCredentials
 from google.auth.exceptions import GoogleAuthError
 from google.cloud.compute_v1 import (
     GlobalOperationsClient,
+    InstanceGroupManager,
     InstanceGroupManagersClient,
     InstanceGroupManagersDeleteInstancesRequest,
     ManagedInstance,
@@ -151,6 +152,11 @@ class InstanceRecords(Protocol):
 
     def ended(self, names: Collection[str]) -> dict[str, datetime]: ...
 
+    def stopped(self, prefixes: Collection[str]) -> dict[str, tuple[datetime, datetime]]:
+        """Each VM named with one of these prefixes that was made and has stopped: when it
+        was made, when it stopped."""
+        ...
+
 
 class ComputeOperationRecords:
     """`InstanceRecords` from Compute Engine's operations: a spot VM taken back leaves a
@@ -162,6 +168,7 @@ class ComputeOperationRecords:
     """
 
     FILTER = '(operationType = "compute.instances.preempted") OR (operationType = "delete")'
+    LIFE_FILTER = f'(operationType = "insert") OR {FILTER}'
 
     def __init__(self, client: GlobalOperationsClient, project: str) -> None:
         self._client = client
@@ -169,22 +176,44 @@ class ComputeOperationRecords:
 
     def ended(self, names: Collection[str]) -> dict[str, datetime]:
         wanted = set(names)
+        return {
+            name: at
+            for name, (kind, at) in self._firsts(self.FILTER, lambda n: n in wanted)
+            if kind == "end"
+        }
+
+    def stopped(self, prefixes: Collection[str]) -> dict[str, tuple[datetime, datetime]]:
+        starts: dict[str, datetime] = {}
         ends: dict[str, datetime] = {}
+        ours = tuple(prefixes)
+        for name, (kind, at) in self._firsts(self.LIFE_FILTER, lambda n: n.startswith(ours)):
+            (starts if kind == "start" else ends)[name] = at
+        return {name: (starts[name], ends[name]) for name in starts.keys() & ends.keys()}
+
+    def _firsts(
+        self, expression: str, wanted: Callable[[str], bool]
+    ) -> list[tuple[str, tuple[str, datetime]]]:
+        """(VM, (start or end, the first time of it)) over the matching DONE operations."""
+        firsts: dict[tuple[str, str], datetime] = {}
         try:
             pages = self._client.aggregated_list(
-                request={"project": self._project, "filter": self.FILTER},
+                request={"project": self._project, "filter": expression},
                 timeout=CALL_TIMEOUT_S,
             )
             for _zone, scoped in pages:
                 for operation in scoped.operations:
                     name = operation.target_link.rsplit("/", 1)[-1]
-                    if name in wanted and operation.status.name == "DONE" and operation.end_time:
-                        at = datetime.fromisoformat(operation.end_time)
-                        ends[name] = min(ends.get(name, at), at)
+                    if not wanted(name) or operation.status.name != "DONE":
+                        continue
+                    if not operation.end_time:
+                        continue
+                    kind = "start" if operation.operation_type == "insert" else "end"
+                    at = datetime.fromisoformat(operation.end_time)
+                    firsts[name, kind] = min(firsts.get((name, kind), at), at)
         except (GoogleAPIError, GoogleAuthError) as error:
             msg = f"reading the Compute operations of project {self._project}: {error}"
             raise GkeError(msg) from error
-        return ends
+        return [(name, (kind, at)) for (name, kind), at in firsts.items()]
 
 
 def connect_compute_operations(api_endpoint: str | None = None) -> GlobalOperationsClient:
@@ -305,7 +334,9 @@ class GkePoolProvider:
 
     def check(self) -> None:
         """At start: each mapped node pool exists, GKE does not autoscale it, and its
-        instance groups can be read; else a `GkeError` that names the pool and the fix."""
+        instance groups can be read, and no two pools hold the same group; else a
+        `GkeError` that names the pool and the fix."""
+        taken: dict[str, list[InstanceGroupRef]] = {}
         for pool, gke_pool in self._node_pools.items():
             try:
                 self._read_resizable(gke_pool)
@@ -322,6 +353,15 @@ class GkePoolProvider:
                 where = f" in zone {self._zones[pool]}" if self._zones.get(pool) else ""
                 msg = f"pool {pool}: GKE node pool {gke_pool} has no instance group{where}"
                 raise GkeError(msg)
+            for other, other_groups in taken.items():
+                if shared := sorted({g.name for g in groups} & {g.name for g in other_groups}):
+                    msg = (
+                        f"pools {other} and {pool} share the instance group {shared[0]}: the "
+                        "same VMs would count twice; give each pool its own node pool, or "
+                        "each its own zone"
+                    )
+                    raise GkeError(msg)
+            taken[pool] = groups
             for group in groups:
                 try:
                     self._target_size(group)
@@ -350,10 +390,27 @@ class GkePoolProvider:
         return {name: NodeEnd(at, NodeEndSource.RECORDED) for name, at in ends.items()}
 
     async def stopped(self) -> list[StoppedNode]:
-        """Not read yet: a VM that registers and goes while no scaler watches is not
-        billed. Compute Engine keeps its `insert` operation too, but which pool an unlisted
-        VM was in would have to come from its instance group's name (see issue 20)."""
-        return []
+        """The VMs of each pool's instance groups that Compute Engine made and saw stop
+        (their `insert`, then their preemption or deletion), as far back as it keeps
+        operations: a VM made and gone while no scaler watched is billed from its making.
+        A VM's pool is the group whose base instance name starts its name."""
+        if self._records is None:
+            return []
+        return await asyncio.to_thread(self._stopped)
+
+    def _stopped(self) -> list[StoppedNode]:
+        assert self._records is not None
+        pools = {}
+        for pool, _gke_pool, groups in self._every_pool():
+            for group in groups:
+                pools[f"{self._manager(group).base_instance_name}-"] = pool
+        lives = self._records.stopped(list(pools))
+        return [
+            StoppedNode(name=name, pool=pool, launched_at=started)
+            for name, (started, _ended) in sorted(lives.items())
+            for prefix, pool in pools.items()
+            if name.startswith(prefix)
+        ]
 
     def _nodes(self) -> list[ProvidedNode]:
         now = self._clock.now()
@@ -515,7 +572,10 @@ class GkePoolProvider:
         return self._call(f"listing the VMs of {group}", lambda: list(pages))
 
     def _target_size(self, group: InstanceGroupRef) -> int:
-        manager = self._call(
+        return int(self._manager(group).target_size)
+
+    def _manager(self, group: InstanceGroupRef) -> InstanceGroupManager:
+        return self._call(
             f"reading {group}",
             lambda: self._groups.get(
                 project=group.project,
@@ -524,7 +584,6 @@ class GkePoolProvider:
                 timeout=CALL_TIMEOUT_S,
             ),
         )
-        return int(manager.target_size)
 
     def _read_node_pool(self, gke_pool: str) -> NodePool:
         name = self._cluster.node_pool(gke_pool)
