@@ -92,6 +92,10 @@ def components(settings: LocalStackSettings) -> list[Component]:
         "SPOTRAIN_SUBMITTER_WORKSPACE_CACHE_DIR": str(s.home / "workspaces"),
         "PYTHONUNBUFFERED": "1",
         "RAY_USAGE_STATS_ENABLED": "0",
+        # Every process of the stack must agree on Ray's auth: Ray 2.60 turns token auth on
+        # for a head that finds a token (~/.ray/auth_token, which any earlier local
+        # `ray.init()` writes), and the services were then refused by their own cluster.
+        "RAY_AUTH_MODE": "disabled",
     }
     auth = nats_auth(s) if s.is_secure else None
     nats = Component(
