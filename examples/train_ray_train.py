@@ -35,7 +35,7 @@ import ray.train
 from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 from sklearn.datasets import load_digits  # type: ignore[import-untyped]
 
-from shared.training import TrainingContext, TrainingEnvironment
+from shared.training import TrainingContext, TrainingEnvironment, ray_train_scaling
 
 RUN_NAME = "ray-train"  # Ray Train's folder under SPOTRAIN_CHECKPOINT_URI
 CLASSES = 10
@@ -152,8 +152,6 @@ def free_port() -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     environment = TrainingEnvironment.from_mapping(os.environ)
-    num_workers = int(os.environ.get("SPOTRAIN_NUM_WORKERS", "1"))
-    gpus_per_worker = float(os.environ.get("SPOTRAIN_GPUS_PER_WORKER", "0"))
     if args.local_cpus is None:
         ray.init()
     else:
@@ -163,9 +161,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     trainer = DataParallelTrainer(
         train_loop,
         train_loop_config={"config": config},
-        scaling_config=ray.train.ScalingConfig(
-            num_workers=num_workers, use_gpu=gpus_per_worker > 0
-        ),
+        # The platform's count or elastic range (--workers 2..4), on the attempt's capacity.
+        scaling_config=ray.train.ScalingConfig(**ray_train_scaling()),
         run_config=ray.train.RunConfig(
             name=RUN_NAME,
             storage_path=environment.checkpoint_uri,  # file:///… or gs://…, as pyarrow reads it

@@ -3,6 +3,7 @@ and when the platform wants the run to checkpoint and stop (SIGTERM or a CHECKPO
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -10,7 +11,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from types import FrameType, TracebackType
-from typing import Final
+from typing import Any, Final
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -273,3 +274,29 @@ class TrainingContext:
             logger.warning("progress of step %s not written: %s", report.step, error)
             return
         self._unwritten = None
+
+
+def ray_train_scaling(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Ray Train's `ScalingConfig` arguments for this attempt, as the platform placed it:
+    `ray.train.ScalingConfig(**ray_train_scaling())`.
+
+    - `num_workers`: the job's count, or `(MIN, MAX)` for `--workers MIN..MAX`, which Ray
+      Train's elastic training resizes within: it goes on with fewer workers when a node
+      goes and grows back as capacity returns.
+    - `resources_per_worker`: each worker's CPUs and GPUs, and the attempt's capacity (spot
+      or on-demand), so the workers land there; the driver, which asks for nothing, runs
+      on the head, and losing a spot node never loses the attempt.
+    Outside the platform (no SPOTRAIN_ variables) it is one worker of one CPU.
+    """
+    env = os.environ if environ is None else environ
+    low = int(env.get("SPOTRAIN_NUM_WORKERS", "1"))
+    high = int(env.get("SPOTRAIN_MAX_WORKERS", str(low)))
+    gpus = float(env.get("SPOTRAIN_GPUS_PER_WORKER", "0"))
+    cpus = float(env.get("SPOTRAIN_CPUS_PER_WORKER", "1"))
+    pinned: dict[str, float] = json.loads(env.get("SPOTRAIN_WORKER_RESOURCES") or "{}")
+    resources = {"CPU": cpus, **({"GPU": gpus} if gpus else {}), **pinned}
+    return {
+        "num_workers": (low, high) if high > low else low,
+        "use_gpu": gpus > 0,
+        "resources_per_worker": resources,
+    }

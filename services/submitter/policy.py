@@ -3,6 +3,8 @@ how a job's record moves when Ray reports on an attempt. No I/O, no clock, no id
 
 from __future__ import annotations
 
+import json
+
 import math
 import re
 import shlex
@@ -389,8 +391,14 @@ def plan_submission(record: JobRecord, attempt: Attempt, *, checkpoint_uri: str)
         "SPOTRAIN_ATTEMPT": str(attempt.number),
         "SPOTRAIN_CHECKPOINT_URI": checkpoint_uri,
         "SPOTRAIN_NUM_WORKERS": str(request.num_workers),
+        "SPOTRAIN_MAX_WORKERS": str(request.max_workers or request.num_workers),
         "SPOTRAIN_GPUS_PER_WORKER": str(request.worker.gpus),
+        "SPOTRAIN_CPUS_PER_WORKER": str(request.worker.cpus),
     }
+    if not single_node and pin:
+        # The workers, not the driver, go on the attempt's capacity: the training helper
+        # hands this to Ray Train as each worker's resources.
+        env["SPOTRAIN_WORKER_RESOURCES"] = json.dumps({pin: RESOURCE_PER_JOB})
     if attempt.resumed_from:
         env["SPOTRAIN_RESUME_FROM"] = attempt.resumed_from
     metadata = {"job_id": request.job_id, "attempt": str(attempt.number), "owner": request.owner}
@@ -410,12 +418,14 @@ def plan_submission(record: JobRecord, attempt: Attempt, *, checkpoint_uri: str)
         submission_id=attempt.submission_id,
         # An argv list, quoted here: no user string reaches a shell unquoted.
         entrypoint=shlex.join(request.entrypoint),
-        # A single-node job's driver is its worker; a multi-node driver only coordinates
-        # the workers it places itself (Ray Train), so it holds no GPU.
+        # A single-node job's driver is its worker, on the attempt's capacity. A multi-node
+        # driver only coordinates the workers it places itself (Ray Train): it asks for
+        # nothing, so Ray runs it on the head (on-demand, never resized), and losing any
+        # spot node never loses the attempt.
         entrypoint_num_cpus=request.worker.cpus if single_node else 0,
         entrypoint_num_gpus=request.worker.gpus if single_node else 0,
         entrypoint_memory_bytes=int(request.worker.memory_gb * 1024**3) if single_node else 0,
-        entrypoint_resources={pin: RESOURCE_PER_JOB} if pin else {},
+        entrypoint_resources={pin: RESOURCE_PER_JOB} if pin and single_node else {},
         entrypoint_label_selector={NODE_LABEL: f"!in({','.join(lost)})"} if lost else {},
         env_vars=env,
         pip=request.pip,

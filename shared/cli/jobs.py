@@ -23,6 +23,7 @@ from rich.table import Table
 from shared.cli.console import CliError, err, out
 from shared.client import PlatformError, SpotrainClient, current_user, new_job_id
 from shared.cost import CostRow, format_usd, job_costs
+from shared.elastic import WorkerRange, is_ray_train_script, parse_workers
 from shared.events import Event, EventData
 from shared.events.data import JobFailed, JobProgress, JobRejected, JobRequested
 from shared.events.types import Bundle, CapacityClass
@@ -55,7 +56,13 @@ def submit(  # noqa: PLR0917  # a typer command: its options are its parameters
         list[str] | None, typer.Argument(help="Arguments for the script, after --.")
     ] = None,
     gpus: Annotated[int, typer.Option(help="GPUs per worker.")] = 0,
-    workers: Annotated[int, typer.Option(help="Workers (nodes) for a multi-node job.")] = 1,
+    workers: Annotated[
+        str,
+        typer.Option(
+            help="Workers (nodes) for a multi-node job: N, or MIN..MAX for a Ray Train script "
+            "that goes on with fewer when a node goes and grows back when capacity returns."
+        ),
+    ] = "1",
     cpus: Annotated[float, typer.Option(help="CPUs per worker.")] = 1.0,
     memory_gb: Annotated[float, typer.Option(help="Memory per worker, GB.")] = 0.0,
     gpu_type: Annotated[str | None, typer.Option(help="e.g. nvidia-l4.")] = None,
@@ -117,6 +124,8 @@ def submit(  # noqa: PLR0917  # a typer command: its options are its parameters
     entrypoint = script_entrypoint(script, args or [], workdir)
     # The options by name, as click parsed them: the notebook magics build from the same.
     fields = request_fields(context.params, entrypoint)
+    if fields["max_workers"] is not None:
+        _require_ray_train(script, workdir, fields)
     # Validate before anything is uploaded: a bad value costs nothing.
     request = build_request(fields)
     if request.deadline is not None:
@@ -206,6 +215,8 @@ def show(job_id: str) -> None:
     if record is not None:
         out.print_json(record.model_dump_json(exclude={"request": {"env"}}))
     out.print(_cost_line(spent))
+    if record is not None and record.request.num_workers + (record.request.max_workers or 0) > 1:
+        out.print(_workers_line(record.request))
     if record is not None and record.is_active and record.waiting_for is not None:
         out.print(f"waiting for quota: {record.waiting_for}")
     if record is not None and record.request.deadline is not None:
@@ -364,6 +375,10 @@ def request_fields(params: Mapping[str, Any], entrypoint: list[str]) -> dict[str
     )
     every = params["checkpoint_every"]
     estimate = params.get("estimate")
+    try:
+        workers = parse_workers(str(params["workers"]))
+    except ValueError as error:
+        raise CliError(str(error), 2) from None
     return {
         "job_id": params["job_id"] or new_job_id(entrypoint),
         "owner": current_user(),
@@ -375,7 +390,8 @@ def request_fields(params: Mapping[str, Any], entrypoint: list[str]) -> dict[str
             "memory_gb": params["memory_gb"],
             "gpu_type": params["gpu_type"],
         },
-        "num_workers": params["workers"],
+        "num_workers": workers.min,
+        "max_workers": workers.max if workers.elastic else None,
         "capacity": capacity,
         "priority": params["priority"],
         "max_restarts": params["max_restarts"],
@@ -388,6 +404,28 @@ def request_fields(params: Mapping[str, Any], entrypoint: list[str]) -> dict[str
         "estimate_s": duration_s(estimate) if estimate else None,
         "max_hours": params.get("max_hours"),
     }
+
+
+def _workers_line(request: JobRequested) -> str:
+    workers = WorkerRange(min=request.num_workers, max=request.max_workers or request.num_workers)
+    if not workers.elastic:
+        return f"workers: {workers} (a gang: all or none)"
+    return (
+        f"workers: {workers} ({workers.min} a gang, up to {workers.max - workers.min} more as "
+        "capacity allows; Ray Train resizes within)"
+    )
+
+
+def _require_ray_train(script: str, workdir: Path, fields: Mapping[str, Any]) -> None:
+    """An elastic range needs a script that Ray Train runs: only it resizes a running job."""
+    source = (workdir / script).read_text(errors="replace") if script.endswith(".py") else ""
+    if not is_ray_train_script(source):
+        raise CliError(
+            f"--workers {fields['num_workers']}..{fields['max_workers']} needs a Ray Train "
+            f"script (a .py file of the working directory that imports ray.train); "
+            f"{script} is not one: give it a fixed --workers N",
+            2,
+        )
 
 
 def _deadline(at: str | None, within: str | None, now: datetime) -> datetime | None:

@@ -60,6 +60,11 @@ class JobRequested(EventData):
     working_dir: ObjectRef | None = None
     worker: Bundle = Bundle()
     num_workers: Annotated[int, Field(ge=1, le=256)] = 1
+    """The workers the job needs all of (a gang): a fixed count, or the least of a range."""
+    max_workers: Annotated[int, Field(ge=2, le=256)] | None = None
+    """The most workers of an elastic Ray Train job (`--workers MIN..MAX`): it runs with
+    as many as capacity allows between `num_workers` and this, and goes on with fewer
+    when a node goes; None for a fixed count."""
     capacity: CapacityClass = CapacityClass.ANY
     priority: Annotated[int, Field(ge=0, le=9)] = 5
     max_restarts: Annotated[int, Field(ge=0, le=100)] = 3
@@ -85,6 +90,16 @@ class JobRequested(EventData):
     max_hours: Annotated[float, Field(gt=0, le=366 * 24)] | None = None
     """The longest the job may run, all attempts together; the platform stops it there. A
     team with a budget admits it at its worst case: GPUs x price x max hours."""
+
+    @model_validator(mode="after")
+    def _workers_are_a_range(self) -> Self:
+        if self.max_workers is not None and self.max_workers <= self.num_workers:
+            msg = (
+                f"max_workers ({self.max_workers}) must be above num_workers "
+                f"({self.num_workers}): a fixed count has no max_workers"
+            )
+            raise ValueError(msg)
+        return self
 
     @model_validator(mode="after")
     def _secrets_are_not_env(self) -> Self:

@@ -83,11 +83,18 @@ def kill_session(session_id: int) -> None:
 
 
 @contextmanager
-def attempt(uri: str, number: int, ray_tmpdir: str, *extra: str) -> Iterator[subprocess.Popen[str]]:
+def attempt(
+    uri: str,
+    number: int,
+    ray_tmpdir: str,
+    *extra: str,
+    cpus: int = 2,
+    env: dict[str, str] | None = None,
+) -> Iterator[subprocess.Popen[str]]:
     """One attempt in its own session, with a private local Ray; nothing of it outlives the test."""
     process = subprocess.Popen(
-        [sys.executable, str(SCRIPT), *ARGS, "--local-cpus", "2", *extra],
-        env=attempt_env(uri, number, ray_tmpdir),
+        [sys.executable, str(SCRIPT), *ARGS, "--local-cpus", str(cpus), *extra],
+        env=attempt_env(uri, number, ray_tmpdir) | (env or {}),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -171,3 +178,16 @@ def test_a_killed_attempt_resumes_from_ray_trains_latest_checkpoint(
     assert (final / "step.txt").read_text() == str(STEPS)
     np.testing.assert_array_equal(np.load(final / "weights.npy"), expected_weights)
     np.testing.assert_array_equal(np.load(final / "bias.npy"), expected_bias)
+
+
+def test_an_elastic_range_runs_as_many_workers_as_the_cluster_holds(tmp_path: Path) -> None:
+    """Issue 18: `--workers 2..4` reaches Ray Train's elastic ScalingConfig through the
+    training helper: on a cluster of 3 CPUs it starts 3 workers, not 2 and not 4."""
+    with tempfile.TemporaryDirectory(prefix="rt-", dir="/tmp") as ray_tmpdir:
+        elastic = {"SPOTRAIN_NUM_WORKERS": "2", "SPOTRAIN_MAX_WORKERS": "4"}
+        with attempt(f"file://{tmp_path}/job", 1, ray_tmpdir, cpus=3, env=elastic) as run:
+            out, _ = run.communicate(timeout=180)
+            assert run.returncode == 0, out
+    # Ray Train's own account of the group it started (the workers' lines are deduplicated).
+    assert "Started training worker group of size 3" in out, out
+    assert "final accuracy" in out, out

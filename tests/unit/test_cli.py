@@ -48,6 +48,27 @@ from tests.cli import spotrain
         ),
         pytest.param(["submit", "echo", "--estimate", "soon"], "not a duration", id="estimate"),
         pytest.param(
+            ["submit", "echo", "--workers", "0"],
+            "--workers 0: a job has at least one worker",
+            id="workers-0",
+        ),
+        pytest.param(
+            ["submit", "echo", "--workers", "5..3"],
+            "--workers 5..3: MAX (3) is below MIN (5)",
+            id="workers-backwards",
+        ),
+        pytest.param(
+            ["submit", "echo", "--workers", "two"],
+            "--workers takes N or MIN..MAX (2..4), not 'two'",
+            id="workers-unreadable",
+        ),
+        pytest.param(
+            ["submit", "train_digits.py", "--workdir", "examples", "--workers", "2..4"],
+            "--workers 2..4 needs a Ray Train script (a .py file of the working directory "
+            "that imports ray.train); train_digits.py is not one",
+            id="workers-range-of-a-plain-script",
+        ),
+        pytest.param(
             ["up", "--spot-market", "nope=tests/data/spot/tiny.json"],
             "--spot-market nope: no such pool",
             id="market-of-no-pool",

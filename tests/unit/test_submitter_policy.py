@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shlex
 from datetime import UTC, datetime, timedelta
 
@@ -147,6 +148,20 @@ def test_a_multi_node_driver_holds_no_gpu_and_any_capacity_pins_nothing() -> Non
     assert plan.env_vars["SPOTRAIN_NUM_WORKERS"] == "4"
     assert plan.env_vars["SPOTRAIN_RESUME_FROM"] == "gs://b/j/s"
     assert plan.submission_id == "job-1-3"
+
+
+def test_a_multi_node_spot_job_puts_its_workers_on_spot_and_its_driver_on_the_head() -> None:
+    """Issue 18: the driver asks for nothing (Ray runs it on the head, on-demand), so losing
+    a spot node never loses the attempt; the workers get the capacity pin, and the range."""
+    elastic = request(2, workers=2, capacity=CapacityClass.SPOT, max_workers=4)
+    record = queued_record(elastic)
+    plan = policy.plan_submission(record, record.attempts[0], checkpoint_uri="gs://b/j")
+    assert plan.entrypoint_resources == {}
+    assert (plan.entrypoint_num_gpus, plan.entrypoint_num_cpus) == (0, 0)
+    env = plan.env_vars
+    assert (env["SPOTRAIN_NUM_WORKERS"], env["SPOTRAIN_MAX_WORKERS"]) == ("2", "4")
+    assert json.loads(env["SPOTRAIN_WORKER_RESOURCES"]) == {"spotrain-capacity-spot": 0.001}
+    assert (env["SPOTRAIN_GPUS_PER_WORKER"], env["SPOTRAIN_CPUS_PER_WORKER"]) == ("2", "4.0")
 
 
 def status(state: RayJobState, **fields: object) -> RayJobStatus:

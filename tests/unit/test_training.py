@@ -20,7 +20,12 @@ from shared.checkpoints import (
     request_checkpoint,
     save_checkpoint,
 )
-from shared.training import TrainingContext, TrainingEnvironment, TrainingEnvironmentError
+from shared.training import (
+    TrainingContext,
+    TrainingEnvironment,
+    TrainingEnvironmentError,
+    ray_train_scaling,
+)
 from tests.fakes.clock import FixedClock
 
 
@@ -239,7 +244,8 @@ class RateLimitedStorage(LocalStorage):
             raise OSError(msg)
         self._written_at[key] = at
         self.writes.append(key)
-        super().put(key, data)
+        if key.startswith("/"):  # a local folder's key; a bucket's is only counted
+            super().put(key, data)
 
 
 def test_progress_every_step_stays_within_the_storages_rate(job_uri: str) -> None:
@@ -389,7 +395,7 @@ def test_progress_waits_only_on_gcs(job_uri: str) -> None:
     local.report(1, {"loss": 1.0})
     local.report(2, {"loss": 0.5})
     assert getattr(read_progress(job_uri), "step", None) == 2
-    storage = LocalStorage()
+    storage = RateLimitedStorage(FakeMonotonic())  # counts the writes; time never moves
     remote = TrainingContext(
         TrainingEnvironment(job_id="job-7", attempt=1, checkpoint_uri="gs://acme/jobs/job-7"),
         storage=storage,
@@ -397,4 +403,44 @@ def test_progress_waits_only_on_gcs(job_uri: str) -> None:
     )
     remote.report(1, {"loss": 1.0})
     remote.report(2, {"loss": 0.5})
-    assert getattr(read_progress("gs://acme/jobs/job-7", storage=storage), "step", None) == 1
+    assert storage.writes == ["jobs/job-7/progress.json"], "the second report waits"
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        pytest.param(
+            {},
+            {"num_workers": 1, "use_gpu": False, "resources_per_worker": {"CPU": 1.0}},
+            id="outside-the-platform",
+        ),
+        pytest.param(
+            {
+                "SPOTRAIN_NUM_WORKERS": "2",
+                "SPOTRAIN_MAX_WORKERS": "4",
+                "SPOTRAIN_GPUS_PER_WORKER": "1",
+                "SPOTRAIN_CPUS_PER_WORKER": "4",
+                "SPOTRAIN_WORKER_RESOURCES": '{"spotrain-capacity-spot": 0.001}',
+            },
+            {
+                "num_workers": (2, 4),
+                "use_gpu": True,
+                "resources_per_worker": {
+                    "CPU": 4.0,
+                    "GPU": 1.0,
+                    "spotrain-capacity-spot": 0.001,
+                },
+            },
+            id="elastic-on-spot",
+        ),
+        pytest.param(
+            {"SPOTRAIN_NUM_WORKERS": "3", "SPOTRAIN_MAX_WORKERS": "3"},
+            {"num_workers": 3, "use_gpu": False, "resources_per_worker": {"CPU": 1.0}},
+            id="fixed-count",
+        ),
+    ],
+)
+def test_ray_train_scaling_is_what_the_platform_placed(
+    env: dict[str, str], expected: dict[str, object]
+) -> None:
+    assert ray_train_scaling(env) == expected
