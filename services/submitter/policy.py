@@ -4,7 +4,6 @@ how a job's record moves when Ray reports on an attempt. No I/O, no clock, no id
 from __future__ import annotations
 
 import json
-
 import math
 import re
 import shlex
