@@ -18,6 +18,7 @@ from shared.slack.adapters import BusPlatform, LedgerCosts, WebApiChat
 from shared.slack.app import InFlight, build_app, web_app
 from shared.slack.handlers import SERVICE, SUBSCRIPTIONS, Deps
 from shared.slack.settings import SlackSettings
+from shared.teams import load_teams
 
 log = structlog.get_logger()
 
@@ -44,6 +45,7 @@ def bootstrap_for(settings: SlackSettings) -> Bootstrap:
             new_job_id=lambda project: new_job_id([project]),
             command=settings.command,
             answer_within_s=settings.answer_within_s,
+            teams=load_teams(settings.teams_file) if settings.teams_file is not None else None,
         )
         inflight = InFlight()
         # Closed in reverse: stop taking requests, finish the submissions under way, and

@@ -28,6 +28,7 @@ from shared.slack.ports import (
     Platform,
     PlatformUnavailableError,
 )
+from shared.teams import Teams
 
 SERVICE = "slack"
 log = structlog.get_logger()
@@ -59,6 +60,8 @@ class Deps:
     answer_within_s: float = 2.5
     """Slack shows an error unless it has an answer within 3 s."""
     recent_jobs: int = 10
+    teams: Teams | None = None
+    """The platform's teams, whose admins may cancel their team's jobs; None without."""
 
 
 @dataclass(frozen=True)
@@ -127,7 +130,9 @@ async def _answer(command: Command, owner: str, slash: SlashCommand, deps: Deps)
                 return Answer(_refusal(access, deps))
             return Answer(replies.status(access.record, deps.clock.now()))
         case Cancel(job_id=job_id):
-            access = policy.may_cancel(owner, job_id, await deps.platform.job(job_id))
+            access = policy.may_cancel(
+                owner, job_id, await deps.platform.job(job_id), teams=deps.teams
+            )
             if isinstance(access, Refused):
                 log_.info("slack.refused", job_id=job_id, reason=access.reason.value)
                 return Answer(_refusal(access, deps))

@@ -30,6 +30,7 @@ from shared.jobs import JobRecord
 from shared.slack import replies
 from shared.slack.commands import Submit
 from shared.slack.model import JobCost, Origin, Project
+from shared.teams import Teams
 
 POSTED_EVENTS: tuple[type[EventData], ...] = (
     JobAccepted,
@@ -152,8 +153,15 @@ def may_see(owner: str, job_id: str, record: JobRecord | None) -> Access:
     return Allowed(record)
 
 
-def may_cancel(owner: str, job_id: str, record: JobRecord | None) -> Access:
-    """Cancel: the owner's own job, while it has not ended."""
+def may_cancel(
+    owner: str, job_id: str, record: JobRecord | None, teams: Teams | None = None
+) -> Access:
+    """Cancel: the owner's own job, or as an admin of its owner's team (the submitter's
+    rule too, which decides in the end), while it has not ended."""
+    if record is not None and teams is not None and record.request.owner != owner:
+        team = teams.team_of(record.request.owner)
+        if team is not None and owner in team.admins:
+            owner = record.request.owner  # an admin acts on the team's jobs as on their own
     access = may_see(owner, job_id, record)
     if isinstance(access, Allowed) and not access.record.is_active:
         return Refused(Refusal.ALREADY_ENDED, subject=job_id, detail=access.record.state.value)

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
-from pydantic import Field, SecretStr
+from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import SettingsConfigDict
 
 from shared.events.types import Name
@@ -16,7 +17,9 @@ class SlackSettings(RuntimeSettings):
     """`http_port` (from the runtime) serves `/metrics` and `/healthz`; `port` is where
     Slack sends the slash command."""
 
-    model_config = SettingsConfigDict(env_prefix="SPOTRAIN_SLACK_", extra="ignore", frozen=True)
+    model_config = SettingsConfigDict(
+        env_prefix="SPOTRAIN_SLACK_", extra="ignore", frozen=True, populate_by_name=True
+    )
 
     signing_secret: Annotated[SecretStr, Field(min_length=1)]
     """The app's signing secret (Basic Information → App Credentials): every request from
@@ -36,5 +39,11 @@ class SlackSettings(RuntimeSettings):
     command: str = Field("/train", pattern=r"^/[a-z0-9_-]{1,31}$")
     api_base_url: str = Field("https://slack.com/api/", pattern=r"^https?://.+/$")
     """Slack's Web API; tests point it at a local fake."""
+    teams_file: Path | None = Field(
+        default=None,
+        validation_alias=AliasChoices("SPOTRAIN_SLACK_TEAMS_FILE", "SPOTRAIN_TEAMS_FILE"),
+    )
+    """The platform's teams file, as the submitter's: its admins may cancel their team's
+    jobs from Slack too. Read at start."""
     answer_within_s: float = Field(2.5, gt=0, lt=3)
     """How long a command may wait on the platform: Slack gives up after 3 s."""

@@ -19,6 +19,7 @@ from shared.pools import PoolsStatus
 from shared.slack.handlers import Deps, SlashCommand, answer, carry_out, on_job_event
 from shared.slack.model import ExperimentCost, JobCost, Origin, Project
 from shared.slack.ports import ChatRefusedError, ChatUnavailableError, PlatformUnavailableError
+from shared.teams import parse_teams
 from tests.fakes.clock import FixedClock
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
@@ -225,6 +226,16 @@ async def test_cancel_of_another_owners_job_is_refused_and_not_published(deps: D
     text = (await answer(slash("cancel bobs-1"), deps)).text
     assert "belongs to another user" in text
     assert platform(deps).cancelled == []
+
+
+async def test_a_team_admin_cancels_a_team_members_job_as_themselves(deps: Deps) -> None:
+    """As the submitter's rule has it: the request says who asked (the admin), and the
+    submitter, which checks the teams file again, decides."""
+    platform(deps).records = {"bobs-1": record("bobs-1", "bob")}
+    teams = parse_teams('[teams.vision]\nmembers = ["alice", "bob"]\nadmins = ["alice"]\n')
+    text = (await answer(slash("cancel bobs-1"), replace(deps, teams=teams))).text
+    assert text.startswith("Cancel requested for `bobs-1`")
+    assert platform(deps).cancelled == [("bobs-1", "alice", f"slack/{ALICE}")]
 
 
 @pytest.mark.parametrize(

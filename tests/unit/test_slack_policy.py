@@ -43,6 +43,7 @@ from shared.slack.policy import (
     owner_of,
     plan_submission,
 )
+from shared.teams import parse_teams
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 ALICE, BOB = "UALICE001", "UBOB00001"
@@ -148,6 +149,45 @@ def test_a_user_sees_and_cancels_their_own_jobs_only(
             assert isinstance(decision, Refused)
             assert decision.reason is expected
             assert decision.subject == "digits-3f9a1c"
+
+
+TEAMS = parse_teams(
+    """
+[teams.vision]
+members = ["alice", "bob", "carol"]
+admins = ["carol"]
+[teams.nlp]
+members = ["dave"]
+admins = ["dave"]
+"""
+)
+
+
+@pytest.mark.parametrize(
+    ("who", "refusal"),
+    [
+        pytest.param("bob", None, id="the-owner"),
+        pytest.param("carol", None, id="an-admin-of-the-owners-team"),
+        pytest.param("alice", Refusal.NOT_YOUR_JOB, id="a-member-of-the-same-team"),
+        pytest.param("dave", Refusal.NOT_YOUR_JOB, id="an-admin-of-another-team"),
+    ],
+)
+def test_a_team_admin_may_cancel_the_teams_jobs_from_slack(
+    who: str, refusal: Refusal | None
+) -> None:
+    """The submitter's rule (it decides in the end), so that Slack does not refuse first."""
+    bobs = record(owner="bob")
+    decision = may_cancel(who, "digits-3f9a1c", bobs, teams=TEAMS)
+    if refusal is None:
+        assert decision == Allowed(bobs)
+    else:
+        assert isinstance(decision, Refused)
+        assert decision.reason is refusal
+    ended = record(owner="bob", state=JobState.SUCCEEDED)
+    if refusal is None:
+        later = may_cancel(who, "digits-3f9a1c", ended, teams=TEAMS)
+        assert isinstance(later, Refused)
+        assert later.reason is Refusal.ALREADY_ENDED
 
 
 JOB = "`digits-3f9a1c`"
