@@ -9,11 +9,13 @@ can use when capacity is there; it goes on with fewer when a node goes.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import Annotated, Self
 
 from pydantic import Field, model_validator
 
-from shared.events.types import Frozen
+from shared.events.types import Bundle, CapacityClass, Frozen
+from shared.pools import PoolStatus
 
 MAX_WORKERS = 256
 
@@ -71,3 +73,16 @@ def is_ray_train_script(source: str) -> bool:
     a job's workers while it runs: it imports `ray.train` (`import ray.train`,
     `from ray.train... import`, `from ray import train`), outside a comment."""
     return _RAY_TRAIN.search(source) is not None
+
+
+def most_workers(
+    worker: Bundle, capacity: CapacityClass, pools: Sequence[PoolStatus]
+) -> int | None:
+    """How many workers of this shape all the pools of the capacity could hold together,
+    each grown to its `max_nodes`: a gang of more can never run. None when the pools'
+    status cannot tell (a worker without GPUs, whose fit depends on CPUs the status does
+    not carry, or a pool that does not say its GPUs per node)."""
+    eligible = [p for p in pools if capacity is CapacityClass.ANY or p.capacity is capacity]
+    if worker.gpus == 0 or any(p.gpus_per_node is None for p in eligible):
+        return None
+    return sum((p.gpus_per_node or 0) // worker.gpus * p.max_nodes for p in eligible)

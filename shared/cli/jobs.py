@@ -23,12 +23,12 @@ from rich.table import Table
 from shared.cli.console import CliError, err, out
 from shared.client import PlatformError, SpotrainClient, current_user, new_job_id
 from shared.cost import CostRow, format_usd, job_costs
-from shared.elastic import WorkerRange, is_ray_train_script, parse_workers
+from shared.elastic import WorkerRange, is_ray_train_script, most_workers, parse_workers
 from shared.events import Event, EventData
 from shared.events.data import JobFailed, JobProgress, JobRejected, JobRequested
 from shared.events.types import Bundle, CapacityClass
 from shared.jobs import JobRecord, deadline_outlook, deadline_refusal, span_text
-from shared.pools import PoolStatus
+from shared.pools import PoolsStatus, PoolStatus
 from shared.teams import team_uses
 from shared.workspace import WorkspaceError
 
@@ -136,8 +136,12 @@ def submit(  # noqa: PLR0917  # a typer command: its options are its parameters
         if refusal is not None:
             raise CliError(f"refused: {refusal}", 2)
 
+    asked = request
+
     async def go() -> int:
         async with await SpotrainClient.connect() as client:
+            if asked.num_workers > 1:
+                _refuse_a_gang_no_pool_holds(asked, await client.pools())
             try:
                 fields["working_dir"] = await client.upload_workspace(workdir)
             except WorkspaceError as error:
@@ -414,6 +418,21 @@ def _workers_line(request: JobRequested) -> str:
         f"workers: {workers} ({workers.min} a gang, up to {workers.max - workers.min} more as "
         "capacity allows; Ray Train resizes within)"
     )
+
+
+def _refuse_a_gang_no_pool_holds(request: JobRequested, status: PoolsStatus | None) -> None:
+    """Before anything is uploaded: MIN workers are a gang, and one that all the pools of
+    its capacity could not hold together would wait for ever."""
+    if status is None:
+        return  # no scaler has reported yet: the submitter and the scaler will say
+    most = most_workers(request.worker, request.capacity, status.pools)
+    if most is not None and request.num_workers > most:
+        kind = "" if request.capacity is CapacityClass.ANY else f"{request.capacity.value} "
+        raise CliError(
+            f"{request.num_workers} workers of {request.worker.gpus} GPU(s) can never run "
+            f"together: the {kind}pools hold at most {most} at their max_nodes",
+            2,
+        )
 
 
 def _require_ray_train(script: str, workdir: Path, fields: Mapping[str, Any]) -> None:

@@ -9,8 +9,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from shared.elastic import WorkerRange, is_ray_train_script, parse_workers
+from shared.elastic import WorkerRange, is_ray_train_script, most_workers, parse_workers
 from shared.events.data import JobRequested
+from shared.events.types import Bundle, CapacityClass
+from shared.pools import PoolStatus
 
 
 @pytest.mark.parametrize(
@@ -78,3 +80,45 @@ def test_a_request_with_a_range_has_max_above_min() -> None:
         ).max_workers
         == 4
     )
+
+
+def _pool(name: str, capacity: CapacityClass, gpus: int | None, max_nodes: int) -> PoolStatus:
+    return PoolStatus(
+        pool=name,
+        capacity=capacity,
+        price_per_hour_usd=1.0,
+        nodes=0,
+        ready=0,
+        gpus_total=0,
+        gpus_free=0,
+        pending_jobs=0,
+        pending_gpus=0,
+        target=0,
+        min_nodes=0,
+        max_nodes=max_nodes,
+        gpus_per_node=gpus,
+    )
+
+
+SPOT_1 = _pool("gpu-spot", CapacityClass.SPOT, 1, 4)
+SPOT_2 = _pool("gpu-spot-big", CapacityClass.SPOT, 2, 3)
+OD_1 = _pool("gpu-od", CapacityClass.ON_DEMAND, 1, 2)
+UNSAID = _pool("gpu-old", CapacityClass.SPOT, None, 9)
+
+
+@pytest.mark.parametrize(
+    ("gpus", "capacity", "pools", "most"),
+    [
+        pytest.param(1, CapacityClass.SPOT, [SPOT_1, SPOT_2, OD_1], 4 + 6, id="spot-only"),
+        pytest.param(2, CapacityClass.SPOT, [SPOT_1, SPOT_2, OD_1], 3, id="two-gpus-each"),
+        pytest.param(1, CapacityClass.ANY, [SPOT_1, SPOT_2, OD_1], 12, id="any-capacity"),
+        pytest.param(1, CapacityClass.ON_DEMAND, [SPOT_1], 0, id="no-pool-of-it"),
+        pytest.param(4, CapacityClass.SPOT, [SPOT_1, SPOT_2], 0, id="no-node-big-enough"),
+        pytest.param(1, CapacityClass.SPOT, [SPOT_1, UNSAID], None, id="a-pool-says-nothing"),
+        pytest.param(0, CapacityClass.SPOT, [SPOT_1], None, id="cpu-workers"),
+    ],
+)
+def test_most_workers_the_pools_could_hold(
+    gpus: int, capacity: CapacityClass, pools: list[PoolStatus], most: int | None
+) -> None:
+    assert most_workers(Bundle(gpus=gpus), capacity, pools) == most
