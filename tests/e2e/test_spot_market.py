@@ -8,6 +8,7 @@ real training (`examples/train_digits.py`), the real services."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -141,8 +142,11 @@ def test_a_deadline_job_rides_a_stock_out_spot_on_demand_and_back_to_spot(
     settings = BusSettings(nats_url=env["SPOTRAIN_NATS_URL"])
 
     async def story() -> None:
-        bus = await JetStreamBus.connect(settings, name="test")
-        async with await SpotrainClient.connect(settings) as client:
+        # Closed however the story ends: a connection left open fails a later test.
+        async with contextlib.AsyncExitStack() as closing:
+            bus = await JetStreamBus.connect(settings, name="test")
+            closing.push_async_callback(bus.close)
+            client = await closing.enter_async_context(await SpotrainClient.connect(settings))
             launched = await wait_for(
                 bus, "first launch", lambda e: isinstance(e.data, NodeLaunched),
                 until=dry_from,
@@ -197,7 +201,6 @@ def test_a_deadline_job_rides_a_stock_out_spot_on_demand_and_back_to_spot(
             while (record := await client.job(job_id)) is not None and record.is_active:
                 assert datetime.now(UTC) < deadline + timedelta(seconds=60), record
                 await asyncio.sleep(1)
-        await bus.close()
         assert record is not None
         assert record.state is JobState.SUCCEEDED, record
         last = record.attempts[-1]
