@@ -153,9 +153,11 @@ async def test_a_consumer_that_dies_gets_the_same_signal_again_after_its_lease(
     assert again.key == held.key == SPOT_KEY
     assert again.event_id == held.event_id
     assert waited_s >= LEASE_S * 0.5, "redelivered while the dead watcher's lease held"
-    assert pubsub.deliveries(message) == 2
+    # Released when the restarted watcher closes, it may come back to its stream once more
+    # before the stream goes: at least once.
+    assert pubsub.deliveries(message) >= 2
     assert pubsub.acks == []
-    await eventually(lambda: pubsub.released == [message])
+    await eventually(lambda: set(pubsub.released) == {message})
 
 
 async def test_a_consumer_that_fails_releases_its_signal_for_the_next_at_once(
@@ -174,12 +176,12 @@ async def test_a_consumer_that_fails_releases_its_signal_for_the_next_at_once(
     with pytest.raises(RuntimeError, match="bus down"):
         await publish_fails()
     assert pubsub.acks == []
-    await eventually(lambda: pubsub.released == [message])
+    await eventually(lambda: set(pubsub.released) == {message})
 
     async with aclosing(source.signals(asyncio.Event())) as signals:
         again = await asyncio.wait_for(anext(signals), timeout=5)
     assert again.key == SPOT_KEY
-    assert pubsub.deliveries(message) == 2
+    assert pubsub.deliveries(message) >= 2
 
 
 async def test_stop_releases_received_messages_not_yet_handed_out(
@@ -195,8 +197,8 @@ async def test_stop_releases_received_messages_not_yet_handed_out(
         stop.set()
         with pytest.raises(StopAsyncIteration):
             await next_signal(signals)
-    await eventually(lambda: pubsub.acks == [first] and pubsub.released == [second])
-    assert pubsub.deliveries(second) == 1
+    await eventually(lambda: pubsub.acks == [first] and set(pubsub.released) == {second})
+    assert pubsub.unacked() == [second]
 
 
 async def test_non_preemptions_and_malformed_messages_are_acked_and_skipped(

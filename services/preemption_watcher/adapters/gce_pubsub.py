@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 from collections.abc import AsyncGenerator, Callable
 from datetime import timedelta
 from typing import TypeVar
@@ -45,6 +46,37 @@ class PubSubError(OSError):
 
 class _Ended:
     """The stream ended without an error (it was cancelled)."""
+
+
+class _Handover:
+    """Messages from the client's threads to the iteration's loop. Once closed, what still
+    comes is released at once, in the client's thread, while the client can still say so."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self.queue: asyncio.Queue[Message | BaseException | _Ended] = asyncio.Queue()
+        self._lock = threading.Lock()  # a handover and the closing never cross
+        self._closed = False
+
+    def put(self, item: Message | BaseException | _Ended) -> None:
+        with self._lock:
+            if self._closed:
+                if isinstance(item, Message):
+                    item.nack()
+                return
+            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody listens
+                self._loop.call_soon_threadsafe(self.queue.put_nowait, item)
+
+    async def close(self) -> list[Message]:
+        """No more handovers; the messages handed over and not yet taken."""
+        with self._lock:
+            self._closed = True
+        await asyncio.sleep(0)  # what was handed over before is on its way: let it arrive
+        left = []
+        while not self.queue.empty():
+            if isinstance(item := self.queue.get_nowait(), Message):
+                left.append(item)
+        return left
 
 
 class PubSubNoticeSource:
@@ -93,12 +125,8 @@ class PubSubNoticeSource:
         self._close_timeout_s = close_timeout_s
 
     async def signals(self, stop: asyncio.Event) -> AsyncGenerator[NodeSignal, None]:
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[Message | BaseException | _Ended] = asyncio.Queue()
-
-        def put(item: Message | BaseException | _Ended) -> None:
-            with contextlib.suppress(RuntimeError):  # the loop is closed: nobody listens
-                loop.call_soon_threadsafe(queue.put_nowait, item)
+        handover = _Handover(asyncio.get_running_loop())
+        queue, put = handover.queue, handover.put
 
         def ended(future: StreamingPullFuture) -> None:
             error = None if future.cancelled() else future.exception()
@@ -136,9 +164,7 @@ class PubSubNoticeSource:
             for waiting in (got, stopped):
                 if waiting is not None:
                     waiting.cancel()
-            while not queue.empty():
-                if isinstance(left := queue.get_nowait(), Message):
-                    held.append(left)
+            held += await handover.close()
             for message in held:
                 message.nack()
             if held:
