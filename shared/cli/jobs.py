@@ -219,7 +219,9 @@ def show(job_id: str) -> None:
     if record is not None:
         out.print_json(record.model_dump_json(exclude={"request": {"env"}}))
     out.print(_cost_line(spent))
-    if record is not None and record.request.num_workers + (record.request.max_workers or 0) > 1:
+    if record is not None and (
+        record.request.num_workers > 1 or record.request.max_workers is not None
+    ):
         out.print(_workers_line(record.request))
     if record is not None and record.is_active and record.waiting_for is not None:
         out.print(f"waiting for quota: {record.waiting_for}")

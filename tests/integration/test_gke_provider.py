@@ -32,6 +32,7 @@ from services.scaler.adapters.gke import (
     connect_cluster_manager,
     connect_compute_operations,
     connect_instance_groups,
+    not_started,
     spread,
 )
 from services.scaler.model import PoolSpec
@@ -98,6 +99,30 @@ ZONE_OF = {"gpu-spot-b": ZONES[1]}
 )
 def test_spread(sizes: list[int], count: int, expected: list[int]) -> None:
     assert spread(sizes, count) == expected
+
+
+@pytest.mark.parametrize(
+    ("action", "errors", "waited_s", "why"),
+    [
+        pytest.param("NONE", [], 5000.0, None, id="running"),
+        pytest.param("CREATING", [], 10.0, None, id="being-made"),
+        pytest.param(
+            "CREATING",
+            [("ZONE_RESOURCE_POOL_EXHAUSTED", "no L4 here")],
+            1.0,
+            "ZONE_RESOURCE_POOL_EXHAUSTED in z: no L4 here",
+            id="stock-out-at-once",
+        ),
+        pytest.param(
+            "VERIFYING", [], 601.0, "not made in z after 601 s (VERIFYING)", id="timed-out"
+        ),
+        pytest.param("DELETING", [("QUOTA_EXCEEDED", "q")], 9999.0, None, id="going-anyway"),
+    ],
+)
+def test_not_started(
+    action: str, errors: list[tuple[str, str]], waited_s: float, why: str | None
+) -> None:
+    assert not_started(action, errors, waited_s=waited_s, timeout_s=600.0, zone="z") == why
 
 
 def test_a_growth_never_shrinks() -> None:

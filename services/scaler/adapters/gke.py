@@ -101,6 +101,28 @@ def spread(sizes: Sequence[int], count: int) -> list[int]:
     return added
 
 
+def not_started(
+    action: str,
+    errors: Sequence[tuple[str, str]],
+    *,
+    waited_s: float,
+    timeout_s: float,
+    zone: str,
+) -> str | None:
+    """Why a managed instance that has not registered will not start, from its current
+    action, its last attempt's (code, message) errors and how long it has been asked for;
+    None while it runs or may yet. Compute Engine retries a failed create for ever, so an
+    error on a VM still being made is taken as the zone's answer now. Pure."""
+    if action not in STARTING:
+        return None
+    if errors:
+        code, message = errors[0]
+        return f"{code} in {zone}: {message}"
+    if waited_s > timeout_s:
+        return f"not made in {zone} after {waited_s:.0f} s ({action})"
+    return None
+
+
 @dataclass(frozen=True)
 class KubeNode:
     name: str
@@ -438,15 +460,13 @@ class GkePoolProvider:
     def _not_started(
         self, instance: ManagedInstance, group: InstanceGroupRef, since: datetime
     ) -> str | None:
-        if instance.current_action not in STARTING:
-            return None
-        errors = instance.last_attempt.errors.errors
-        if errors:
-            return f"{errors[0].code} in {group.zone}: {errors[0].message}"
-        waited = (self._clock.now() - since).total_seconds()
-        if waited > self._start_timeout_s:
-            return f"not made in {group.zone} after {waited:.0f} s ({instance.current_action})"
-        return None
+        return not_started(
+            instance.current_action,
+            [(e.code, e.message) for e in instance.last_attempt.errors.errors],
+            waited_s=(self._clock.now() - since).total_seconds(),
+            timeout_s=self._start_timeout_s,
+            zone=group.zone,
+        )
 
     def _launch(self, pool: PoolSpec, count: int) -> list[str]:
         gke_pool = self._gke_pool(pool.name)
