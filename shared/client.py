@@ -1,7 +1,8 @@
 """The client SDK: what the CLI, notebooks and bots use to talk to the platform.
 
 It speaks only to the bus: it publishes requests and reads the `jobs` bucket and the event
-stream. It never imports Ray, so it is quick to import.
+stream, or, connected as a person with a credential of their own, asks the records desk
+for the jobs they may read (`shared.desk`). It never imports Ray, so it is quick to import.
 """
 
 from __future__ import annotations
@@ -11,10 +12,10 @@ import contextlib
 import getpass
 import re
 import secrets
-from collections.abc import AsyncGenerator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Iterable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Self
+from typing import Any, Self, cast
 
 import nats.errors
 import nats.js.errors
@@ -22,6 +23,7 @@ from pydantic import ValidationError
 
 from shared.clock import Clock, SystemClock
 from shared.cost import COST_EVENTS, Ledger, PoolPrice, ledger
+from shared.desk import MAX_WAIT_S, Ask, DeskAnswer, DeskAsk, desk_subject
 from shared.events import Event, EventData, decode, new_event, subject_for, subjects_for
 from shared.events.data import (
     JobAccepted,
@@ -66,24 +68,34 @@ def new_job_id(entrypoint: Sequence[str]) -> str:
     return f"{slug}-{secrets.token_hex(3)}"
 
 
+def person_of(settings: BusSettings) -> str | None:
+    """The person whose own credential the settings connect with (`spotrain users add`);
+    None for a role's credential, or none."""
+    named = settings.nats_user
+    return named if named and named not in {role.value for role in Role} else None
+
+
 def current_user() -> str:
     """Who the client acts for: the person whose own credential it connects with
     (`spotrain users add`; the server lets it publish requests on that name only), else
     the login name."""
     try:
-        named = ClientBusSettings().nats_user
+        named = person_of(ClientBusSettings())
     except ValidationError:
         named = None  # connecting reports what is wrong with the settings
-    if named and named not in {role.value for role in Role}:
+    if named:
         return named
     user = re.sub(r"[^A-Za-z0-9._@-]+", "-", getpass.getuser()).strip("-")
     return user or "unknown"
 
 
 class SpotrainClient:
-    def __init__(self, bus: JetStreamBus, clock: Clock) -> None:
+    def __init__(self, bus: JetStreamBus, clock: Clock, *, person: str | None = None) -> None:
+        """`person`: connected on their own credential, which reads jobs through the
+        records desk only; None for a role's, which reads the bucket and the stream."""
         self._bus = bus
         self._clock = clock
+        self._person = person
 
     @classmethod
     async def connect(cls, settings: BusSettings | None = None) -> Self:
@@ -100,7 +112,7 @@ class SpotrainClient:
                 f"the stack is not running (no NATS at {settings.nats_url}); start it: spotrain up"
             )
             raise PlatformError(msg) from None
-        return cls(bus, SystemClock())
+        return cls(bus, SystemClock(), person=person_of(settings))
 
     async def __aenter__(self) -> Self:
         return self
@@ -126,6 +138,8 @@ class SpotrainClient:
 
         None when no answer came in time: the request is stored and will be handled.
         """
+        if self._person is not None:
+            return await self._submit_asking(request, answer_timeout_s)
         answers: asyncio.Queue[Event[Any]] = asyncio.Queue()
 
         async def on_answer(msg: Any) -> None:
@@ -162,12 +176,18 @@ class SpotrainClient:
                 await sub.unsubscribe()
 
     async def cancel(self, job_id: str, requested_by: str) -> None:
-        """Ask for the job to stop; a job is its owner's to cancel (the submitter refuses
-        anyone else's request, so this says so before asking)."""
-        record = await self.job(job_id)
+        """Ask for the job to stop; a job is its owner's to cancel, or its team admin's
+        (the submitter refuses anyone else's request, so this says so before asking)."""
+        if self._person is not None:
+            answer = await self._ask(DeskAsk(ask=Ask.JOB, job_id=job_id))
+            record = answer.records[0] if answer.records else None
+            may_cancel = answer.may_cancel
+        else:
+            record = await self.job(job_id)
+            may_cancel = record is not None and record.request.owner == requested_by
         if record is None:
             raise PlatformError(f"no job {job_id}")
-        if record.request.owner != requested_by:
+        if not may_cancel:
             msg = f"{job_id} is {record.request.owner}'s: only its owner may cancel it"
             raise PlatformError(msg)
         event = new_event(
@@ -179,6 +199,11 @@ class SpotrainClient:
         await self._bus.publish(event)
 
     async def jobs(self) -> list[JobRecord]:
+        """Every job the client may read, newest first."""
+        if self._person is not None:
+            return [
+                r for answer in await self._pages(DeskAsk(ask=Ask.JOBS)) for r in answer.records
+            ]
         kv = await self._jobs_kv()
         if kv is None:
             return []
@@ -197,6 +222,10 @@ class SpotrainClient:
         return sorted(records, key=lambda r: r.accepted_at, reverse=True)
 
     async def job(self, job_id: str) -> JobRecord | None:
+        """The job's record; None if there is none the client may read."""
+        if self._person is not None:
+            answer = await self._ask(DeskAsk(ask=Ask.JOB, job_id=job_id))
+            return answer.records[0] if answer.records else None
         kv = await self._jobs_kv()
         if kv is None:
             return None
@@ -208,6 +237,9 @@ class SpotrainClient:
 
     async def history(self, job_id: str) -> list[Event[EventData]]:
         """Every stored event about the job, oldest first."""
+        if self._person is not None:
+            pages = await self._pages(DeskAsk(ask=Ask.HISTORY, job_id=job_id))
+            return _decoded(answer for answer in pages)
         events = []
         for stored in await self._bus.read(f"{self.prefix}.job.>"):
             try:
@@ -222,6 +254,10 @@ class SpotrainClient:
         """The job's events as they happen, from the first; ends after its terminal event.
 
         Use it inside `contextlib.aclosing` when you may stop before the end."""
+        if self._person is not None:
+            async for event in self._follow_asking(job_id):
+                yield event
+            return
         queue: asyncio.Queue[Event[EventData]] = asyncio.Queue()
         seen: set[str] = set()
 
@@ -255,16 +291,25 @@ class SpotrainClient:
 
     async def cost_events(self) -> list[Event[EventData]]:
         """The stored events cost accounting reads (node lifetimes, job placements and
-        outcomes), oldest first; job progress, the bulk of the stream, is not read."""
-        subjects = subjects_for(COST_EVENTS, self.prefix)
+        outcomes), oldest first; job progress, the bulk of the stream, is not read.
+        A person reads the node events, and asks the desk for the jobs': others' jobs come
+        under an alias, with only what the bill needs (`shared.desk.hidden`)."""
+        models = COST_EVENTS
+        if self._person is not None:
+            models = tuple(model for model in COST_EVENTS if model.aggregate != "job")
+        subjects = subjects_for(models, self.prefix)
         try:
             batches = await asyncio.gather(*(self._bus.read(subject) for subject in subjects))
         except nats.js.errors.NotFoundError:
             return []  # no stream yet: nothing was ever recorded
+        stored = [(m.seq, m.data) for batch in batches for m in batch]
+        if self._person is not None:
+            pages = await self._pages(DeskAsk(ask=Ask.COST))
+            stored += [(e.seq, e.event.encode()) for answer in pages for e in answer.events]
         events = []
-        for stored in sorted((m for batch in batches for m in batch), key=lambda m: m.seq):
+        for _, data in sorted(stored, key=lambda pair: pair[0]):
             try:
-                events.append(decode(stored.data))
+                events.append(decode(data))
             except ValueError:
                 continue
         return events
@@ -309,6 +354,66 @@ class SpotrainClient:
         value = await self._entry(teams_bucket(self.prefix), TEAMS_STATUS_KEY)
         return TeamsStatus.model_validate_json(value) if value else None
 
+    async def _ask(self, ask: DeskAsk) -> DeskAnswer:
+        """One ask of the records desk, on this person's own subject."""
+        assert self._person is not None
+        subject = desk_subject(self.prefix, self._person)
+        try:
+            reply = await self._bus.client.request(
+                subject, ask.model_dump_json().encode(), timeout=ask.wait_s + 5
+            )
+        except nats.errors.NoRespondersError:
+            msg = "the submitter is not answering (its records desk is not up); try again soon"
+            raise PlatformError(msg) from None
+        except nats.errors.TimeoutError:
+            raise PlatformError("the submitter's records desk did not answer in time") from None
+        answer = DeskAnswer.model_validate_json(reply.data)
+        if answer.refused is not None:
+            raise PlatformError(answer.refused)
+        return answer
+
+    async def _pages(self, ask: DeskAsk) -> list[DeskAnswer]:
+        """Every page of an answer: asked again from where each stopped while it says more."""
+        answers = [await self._ask(ask)]
+        while answers[-1].more:
+            ask = ask.model_copy(update={"after_seq": answers[-1].next_seq})
+            answers.append(await self._ask(ask))
+        return answers
+
+    async def _follow_asking(self, job_id: str) -> AsyncGenerator[Event[EventData], None]:
+        ask = DeskAsk(ask=Ask.HISTORY, job_id=job_id)
+        while True:
+            answer = await self._ask(ask)
+            for event in _decoded([answer]):
+                yield event
+                if isinstance(event.data, TERMINAL_EVENTS):
+                    return
+            # What has been seen is not asked for again; the next ask waits for news.
+            wait_s = 0.0 if answer.more else MAX_WAIT_S
+            ask = ask.model_copy(update={"after_seq": answer.next_seq, "wait_s": wait_s})
+
+    async def _submit_asking(
+        self, request: JobRequested, answer_timeout_s: float
+    ) -> Event[JobAccepted] | Event[JobRejected] | None:
+        """Submit as a person: publish, then ask the desk for the job's first answer."""
+        event = new_event(
+            request, source=f"cli/{request.owner}", time=self._clock.now(), subject=request.job_id
+        )
+        ack = await self._bus.publish(event)
+        deadline = asyncio.get_running_loop().time() + answer_timeout_s
+        # The answer comes after the request: the stream stored it after this sequence.
+        ask = DeskAsk(ask=Ask.HISTORY, job_id=request.job_id, after_seq=ack.seq)
+        while (left := deadline - asyncio.get_running_loop().time()) > 0:
+            try:
+                answer = await self._ask(ask.model_copy(update={"wait_s": min(left, MAX_WAIT_S)}))
+            except PlatformError:
+                return None  # stored all the same: it is handled once the desk is up
+            for found in _decoded([answer]):
+                if isinstance(found.data, JobAccepted | JobRejected):
+                    return cast("Event[JobAccepted] | Event[JobRejected]", found)
+            ask = ask.model_copy(update={"after_seq": answer.next_seq})
+        return None
+
     async def _pools_entry(self, key: str) -> bytes | None:
         """One key of the scaler's `pools` bucket; None while there is no such key."""
         return await self._entry(pools_bucket(self.prefix), key)
@@ -329,3 +434,14 @@ class SpotrainClient:
             return None
         except nats.errors.TimeoutError as error:
             raise PlatformError("NATS did not answer in time") from error
+
+
+def _decoded(answers: Iterable[DeskAnswer]) -> list[Event[EventData]]:
+    events = []
+    for answer in answers:
+        for stored in answer.events:
+            try:
+                events.append(decode(stored.event.encode()))
+            except ValueError:
+                continue
+    return events

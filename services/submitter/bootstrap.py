@@ -9,6 +9,7 @@ from services.submitter.adapters.kv_job_store import KvJobStore
 from services.submitter.adapters.pools_reader import KvPoolsReader
 from services.submitter.adapters.progress import StorageProgressReader
 from services.submitter.adapters.ray_jobs import RayJobSubmission
+from services.submitter.adapters.records_desk import RecordsDesk
 from services.submitter.adapters.secret_files import SecretFiles
 from services.submitter.adapters.team_holds import KvTeamHolds
 from services.submitter.adapters.teams_file import TeamsFile
@@ -26,7 +27,7 @@ from shared.clock import SystemClock
 from shared.jobs import jobs_bucket
 from shared.messaging import EventBus, Subscription, bind_routes
 from shared.messaging.jetstream import JetStreamBus
-from shared.runtime import ServiceDefinition, Ticker
+from shared.runtime import ServiceDefinition, Ticker, Watch
 from shared.teams import teams_bucket
 
 
@@ -74,6 +75,9 @@ async def bootstrap(bus: EventBus, stack: AsyncExitStack) -> ServiceDefinition:
             Ticker(name="admit-waiting", interval_s=settings.track_interval_s, tick=give_quota)
         )
 
+    # People with credentials of their own read jobs through the desk, never the bucket.
+    desk = RecordsDesk(bus, deps.store, teams)
+
     return ServiceDefinition(
         name=SERVICE,
         subscriptions=[
@@ -84,4 +88,5 @@ async def bootstrap(bus: EventBus, stack: AsyncExitStack) -> ServiceDefinition:
             )
         ],
         tickers=tickers,
+        watches=[Watch(name="records-desk", run=desk.run)],
     )

@@ -648,6 +648,24 @@ def who_may_not_cancel(
     return f"{requested_by} may not cancel {record.job_id}: only {owner}{admins} may"
 
 
+def may_read(record: JobRecord, reader: str, teams: Teams | None = None) -> bool:
+    """Whether `reader` (proven, as the desk's asker is) may read this job's record and
+    events, `--env` values included: their own jobs and their team's. The team is the one
+    the job was admitted under, else the owner's today."""
+    if reader == record.request.owner:
+        return True
+    if teams is None:
+        return False
+    readers_team = teams.team_of(reader)
+    if readers_team is None:
+        return False
+    owners_team = record.team
+    if owners_team is None:
+        found = teams.team_of(record.request.owner)
+        owners_team = found.name if found is not None else None
+    return owners_team == readers_team.name
+
+
 def cancel(record: JobRecord, now: datetime) -> Transition:
     """A cancellation request: flag the record; a job with nothing running ends at once."""
     if not record.is_active:

@@ -492,12 +492,14 @@ class JetStreamBus:
             # Unsettled: the server redelivers after ack_wait, and the handler is idempotent.
             log.warning("consumer.settle_failed", service=subscription.service, error=str(error))
 
-    async def read(self, subject: str) -> list[StoredMessage]:
+    async def read(self, subject: str, *, after_seq: int = 0) -> list[StoredMessage]:
+        """What the stream holds on `subject`, oldest first; only what it stored after the
+        sequence `after_seq` when given (where an earlier read ended)."""
         doing = f"read {subject} from the stream"
         async with self.permission_checked(doing, subject="$JS.API.CONSUMER.>"):
-            return await self._read(subject)
+            return await self._read(subject, after_seq)
 
-    async def _read(self, subject: str) -> list[StoredMessage]:
+    async def _read(self, subject: str, after_seq: int = 0) -> list[StoredMessage]:
         # A consumer of its own for this read, deleted after it: polling readers must not
         # leave ephemeral consumers behind until the server's limit is reached.
         name = f"read-{secrets.token_hex(6)}"
@@ -507,7 +509,10 @@ class JetStreamBus:
             ConsumerConfig(
                 name=name,
                 filter_subject=subject,
-                deliver_policy=DeliverPolicy.ALL,
+                deliver_policy=(
+                    DeliverPolicy.BY_START_SEQUENCE if after_seq > 0 else DeliverPolicy.ALL
+                ),
+                opt_start_seq=after_seq + 1 if after_seq > 0 else None,
                 ack_policy=AckPolicy.NONE,
                 inactive_threshold=30,
             ),

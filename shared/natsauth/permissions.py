@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
 
+from shared.desk import desk_subject, desk_subjects
 from shared.events import all_subjects, dlq_subject, subject_for, subject_matches
 from shared.events.data import (
     EventData,
@@ -236,6 +237,28 @@ class Follows:
         return [Rule(f"{names.prefix}.{self.aggregate}.>", why, subscribe=True)]
 
 
+@dataclass(frozen=True)
+class AnswersDesk:
+    """Answers people's asks for the jobs they may read (`shared.desk`): hears every ask
+    and replies to each once, to the asker's own inbox (the server's `allow_responses`)."""
+
+    def rules(self, names: BusNames, durables: Sequence[str]) -> list[Rule]:
+        why = "answers people's asks for the jobs they may read"
+        return [Rule(desk_subjects(names.prefix), why, subscribe=True)]
+
+
+@dataclass(frozen=True)
+class AsksDesk:
+    """Asks the records desk, on one person's own subject: the desk answers with what that
+    person may read, their own jobs and their team's."""
+
+    person: str
+
+    def rules(self, names: BusNames, durables: Sequence[str]) -> list[Rule]:
+        why = f"asks for the jobs {self.person} may read, as {self.person} only"
+        return [Rule(desk_subject(names.prefix, self.person), why)]
+
+
 def _bucket_reads(stream: str, why: str, *, listing: bool) -> list[Rule]:
     # A get goes to the stream, or straight to a replica when the bucket allows direct gets
     # (nats-py's buckets do not, the `nats` CLI's do).
@@ -390,6 +413,9 @@ TABLE: tuple[RoleSpec, ...] = (
         WritesBucket(Bucket.TEAMS),
         ReadsObjects(Bucket.WORKSPACES),
         ReadsBucket(Bucket.POOLS, listing=False),  # prices and spend, for team budgets
+        # The records desk: what people read, it reads for them and answers in part.
+        AnswersDesk(),
+        ReadsHistory(("job",)),
     ),
     _service(
         Role.SCALER,
@@ -466,6 +492,8 @@ class UserPermissions:
     publish_deny: Mapping[str, tuple[str, ...]]
     subscribe_allow: Mapping[str, tuple[str, ...]]
     subscribe_deny: Mapping[str, tuple[str, ...]]
+    allow_responses: bool = False
+    """May reply, once, to a request it received (the reply goes to the asker's inbox)."""
 
     def may_publish(self, subject: str) -> bool:
         """What the server answers: allowed by a pattern, and denied by none."""
@@ -499,29 +527,40 @@ def permissions(names: BusNames, table: Sequence[RoleSpec] = TABLE) -> dict[Role
             publish_deny=_collect(rules, subscribe=False, deny=True),
             subscribe_allow=_collect(rules, subscribe=True, deny=False),
             subscribe_deny=_collect(rules, subscribe=True, deny=True),
+            allow_responses=any(isinstance(g, AnswersDesk) for g in spec.grants),
         )
     return result
+
+
+def person_grants(name: str) -> tuple[Grant, ...]:
+    """What a person's own credential may: submit and cancel on their own name (so whatever
+    they send is theirs), upload workspaces, read the pools, the teams' status and the node
+    events, and ask the records desk for jobs. Never the `jobs` bucket or the job events
+    themselves: those hold every job's `--env` values; the desk answers with the reader's
+    own jobs and their team's."""
+    return (
+        PublishesAs(CLIENT_REQUESTS, name),
+        WritesObjects(Bucket.WORKSPACES),
+        ReadsBucket(Bucket.POOLS, listing=False),
+        ReadsBucket(Bucket.TEAMS, listing=False),
+        ReadsHistory(("node",)),
+        AsksDesk(name),
+    )
 
 
 def person_permissions(
     name: str, names: BusNames, table: Sequence[RoleSpec] = TABLE
 ) -> UserPermissions:
-    """A person's own credential (`spotrain users add`): what the `cli` role may, except
-    that their requests go on their own name only, so whatever they submit or cancel is
-    theirs, and their replies come to an inbox of their own. Pure."""
-    cli = next(spec for spec in table if spec.role is Role.CLI)
-    grants = [
-        PublishesAs(grant.events, name) if isinstance(grant, Publishes) else grant
-        for grant in cli.grants
-    ]
+    """A person's own credential (`spotrain users add`): `person_grants`, and their replies
+    come to an inbox of their own. Pure."""
     durables = [d for spec in table for d in spec.durables]
-    rules = [rule for grant in grants for rule in grant.rules(names, durables)]
+    rules = [rule for grant in person_grants(name) for rule in grant.rules(names, durables)]
     rules.append(
         Rule(f"{person_inbox_prefix(name)}.>", "replies to their own requests", subscribe=True)
     )
     return UserPermissions(
         role=Role.CLI,
-        summary="a person: submits, cancels and reads as themselves",
+        summary="a person: submits and cancels as themselves; reads their own and their team's",
         publish_allow=_collect(rules, subscribe=False, deny=False),
         publish_deny=_collect(rules, subscribe=False, deny=True),
         subscribe_allow=_collect(rules, subscribe=True, deny=False),

@@ -115,6 +115,10 @@ def _user_block(name: str, variable: str, user: UserPermissions) -> list[str]:
         if deny:
             lines += _subjects("deny", deny)
         lines.append("        }")
+    if user.allow_responses:
+        # Replies to the requests it receives, once each, to whatever inbox asked: a
+        # person's, which no publish grant of its own names.
+        lines.append("        allow_responses: true")
     return [*lines, "      }", "    }"]
 
 

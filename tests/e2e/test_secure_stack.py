@@ -58,7 +58,7 @@ def test_a_job_runs_on_a_secure_stack_and_an_anonymous_client_is_refused(
     assert "secure-1" in listed.stdout
 
     # People with credentials of their own: what alice submits is hers, proven by the
-    # server, and bob cannot cancel it.
+    # server; bob can neither read it nor cancel it.
     keys = {}
     for name, team in (("alice", "vision"), ("bob", "nlp")):
         keys[name] = tmp_path / f"{name}.env"
@@ -75,14 +75,22 @@ def test_a_job_runs_on_a_secure_stack_and_an_anonymous_client_is_refused(
         timeout_s=180,
     )  # fmt: skip
     assert submitted.returncode == 0, submitted.stderr + submitted.stdout
+    assert "succeeded" in submitted.stderr + submitted.stdout  # followed through the desk
+    # Each reads their own jobs (and their team's) through the submitter's records desk;
+    # another team's job is not there for them, as if it never was.
+    mine = spotrain({**alice, "COLUMNS": "200"}, "ls")
+    assert mine.returncode == 0, mine.stderr
+    assert "alice-1" in mine.stdout
+    assert "secure-1" not in mine.stdout
+    theirs = spotrain({**bob, "COLUMNS": "200"}, "ls")
+    assert theirs.returncode == 0, theirs.stderr
+    assert "alice-1" not in theirs.stdout
     shown = spotrain({**bob, "COLUMNS": "200"}, "show", "alice-1")
-    assert shown.returncode == 0, shown.stderr
-    assert '"owner": "alice"' in shown.stdout
+    assert shown.returncode == 1
+    assert shown.stderr.strip() == "spotrain: error: no job alice-1"
     refused = spotrain(bob, "cancel", "alice-1")
     assert refused.returncode == 1
-    assert refused.stderr.strip() == (
-        "spotrain: error: alice-1 is alice's: only its owner may cancel it"
-    )
+    assert refused.stderr.strip() == "spotrain: error: no job alice-1"
     taken = spotrain(
         secure_stack, "users", "add", "cli", "--team", "x", "--out", str(tmp_path / "x")
     )

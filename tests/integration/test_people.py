@@ -5,6 +5,7 @@ subject the server lets them publish on, and nobody can send one as someone else
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
@@ -14,16 +15,20 @@ from typing import Any
 import pytest
 
 from services.submitter.adapters.kv_job_store import KvJobStore
-from shared.client import SpotrainClient, current_user
+from services.submitter.adapters.records_desk import RecordsDesk
+from shared.client import PlatformError, SpotrainClient, current_user
+from shared.clock import SystemClock
+from shared.desk import HIDDEN_OWNER, alias, desk_subject
 from shared.events import Event, EventData, dlq_subject, encode, new_event
-from shared.events.data import JobCancelRequested, JobRequested
-from shared.jobs import jobs_bucket
+from shared.events.data import JobAccepted, JobCancelled, JobCancelRequested, JobRequested
+from shared.jobs import JobRecord, JobState, jobs_bucket
 from shared.localstack.nats_server import NatsServer
 from shared.messaging import BusSettings, Handler, Subscription
 from shared.messaging.jetstream import BusPermissionError, JetStreamBus
 from shared.messaging.settings import ClientBusSettings
 from shared.natsauth import Role, write_nats_config
 from shared.natsauth.files import add_person, person_env, write_env_file
+from shared.teams import Teams, parse_teams
 from tests.async_helpers import consuming, eventually
 from tests.events import NOW, job_requested
 
@@ -34,7 +39,8 @@ TIMEOUTS = {"connect_timeout_s": 10, "publish_timeout_s": 10, "ack_wait_s": 5}
 
 
 class People:
-    """A server that knows alice (vision) and bob (nlp), and buses that connect as them."""
+    """A server that knows alice and jane.doe (vision, its admin) and bob (nlp), and buses
+    that connect as them."""
 
     def __init__(self, auth: Path, url: str, stack: AsyncExitStack) -> None:
         self.auth = auth
@@ -59,6 +65,7 @@ async def people(tmp_path: Path) -> AsyncIterator[People]:
     persons = {
         "alice": add_person(auth, "alice", team="vision"),
         "jane.doe": add_person(auth, "jane.doe", team="vision", admin=True),
+        "bob": add_person(auth, "bob", team="nlp"),
     }
     config = write_nats_config(auth, prefix=PREFIX)
     server = NatsServer(tmp_path / "store", config_file=config.server_config)
@@ -92,7 +99,8 @@ async def test_a_persons_request_is_on_their_own_subject_and_is_taken(people: Pe
 
     async with await _taken(people, {JobRequested: on_requested}):
         await eventually(lambda: seen == ["job-a of alice"], timeout_s=5)
-    [stored] = await alice.read(f"{PREFIX}.job.requested.>")
+    ops = await people.bus("ops")
+    [stored] = await ops.read(f"{PREFIX}.job.requested.>")
     assert stored.subject == f"{PREFIX}.job.requested.alice"
 
 
@@ -101,7 +109,7 @@ async def test_the_server_refuses_a_request_sent_as_someone_else(
     people: People, victim: str
 ) -> None:
     """Alice cannot submit as jane.doe (a name with a dot, a subject of more tokens), nor as
-    bob, who has no credential: the server refuses the subject at once."""
+    bob: the server refuses the subject at once."""
     alice = await people.bus("alice")
     with pytest.raises(BusPermissionError) as caught:
         await asyncio.wait_for(alice.publish(job_requested("job-x", owner=victim)), timeout=5)
@@ -176,3 +184,164 @@ async def test_the_client_acts_for_the_person_its_credentials_file_names(
     ops = await people.bus("ops")
     [stored] = await ops.read(f"{PREFIX}.job.requested.>")
     assert stored.subject == f"{PREFIX}.job.requested.jane.doe"
+
+
+# --- the records desk: a person reads their own and their team's jobs only ---------------
+
+TEAMS = parse_teams(
+    """
+[teams.vision]
+members = ["alice", "jane.doe"]
+admins = ["jane.doe"]
+[teams.nlp]
+members = ["bob"]
+"""
+)
+
+
+class _Teams:
+    def current(self) -> Teams:
+        return TEAMS
+
+
+def _record(job_id: str, owner: str, team: str) -> JobRecord:
+    request = job_requested(job_id, owner=owner, env={"API_TOKEN": f"{owner}-secret"}).data
+    return JobRecord(
+        request=request,
+        request_event_id=f"ev-{job_id}",
+        state=JobState.QUEUED,
+        accepted_at=NOW,
+        updated_at=NOW,
+        team=team,
+    )
+
+
+class Desk:
+    """The desk on the submitter's own credential, two jobs of vision (alice's, jane.doe's)
+    and one of nlp (bob's) in the bucket and on the stream, and clients as each person."""
+
+    def __init__(self, people: People, submitter: JetStreamBus) -> None:
+        self.people = people
+        self.submitter = submitter
+
+    async def client(self, name: str) -> SpotrainClient:
+        bus = await self.people.bus(name)
+        return SpotrainClient(bus, SystemClock(), person=name)
+
+    async def publish(self, data: EventData, job_id: str) -> None:
+        await self.submitter.publish(new_event(data, source="submitter", time=NOW, subject=job_id))
+
+
+@pytest.fixture
+async def desk(people: People) -> AsyncIterator[Desk]:
+    ops = await people.bus("ops")
+    submitter = await people.bus("submitter")
+    store = await KvJobStore.open(submitter.client.jetstream(), jobs_bucket(PREFIX))
+    found = Desk(people, submitter)
+    for job_id, owner, team in (
+        ("alice-1", "alice", "vision"),
+        ("jane-1", "jane.doe", "vision"),
+        ("bob-1", "bob", "nlp"),
+    ):
+        record = _record(job_id, owner, team)
+        await store.create(record)
+        await ops.publish(
+            new_event(record.request, source=f"cli/{owner}", time=NOW, subject=job_id)
+        )
+        await found.publish(JobAccepted(job_id=job_id, owner=owner), job_id)
+    stop = asyncio.Event()
+    serving = asyncio.create_task(RecordsDesk(submitter, store, _Teams()).run(stop))
+    try:
+        alice = await found.client("alice")
+        await eventually(lambda: _answers(alice), timeout_s=5)
+        yield found
+    finally:
+        stop.set()
+        await serving
+
+
+async def _answers(client: SpotrainClient) -> bool:
+    try:
+        await client.jobs()
+    except PlatformError:
+        return False
+    return True
+
+
+async def test_a_person_lists_their_own_and_their_teams_jobs_only(desk: Desk) -> None:
+    alice = await desk.client("alice")
+    assert {r.job_id for r in await alice.jobs()} == {"alice-1", "jane-1"}
+    [own] = [r for r in await alice.jobs() if r.job_id == "alice-1"]
+    assert own.request.env == {"API_TOKEN": "alice-secret"}
+    bob = await desk.client("bob")
+    assert [r.job_id for r in await bob.jobs()] == ["bob-1"]
+    # Another team's job is not there for bob, the same answer as a job that never was.
+    assert await bob.job("alice-1") is None
+    assert await bob.history("alice-1") == []
+    with pytest.raises(PlatformError, match="no job alice-1"):
+        await bob.cancel("alice-1", "bob")
+
+
+async def test_the_server_refuses_a_person_the_bucket_and_the_job_events(desk: Desk) -> None:
+    bob = await desk.people.bus("bob")
+    with pytest.raises(BusPermissionError):
+        await _get_record(bob, "alice-1")
+    with pytest.raises(BusPermissionError):
+        await asyncio.wait_for(bob.read(f"{PREFIX}.job.>"), timeout=5)
+    with pytest.raises(BusPermissionError):
+        await _listen(bob, f"{PREFIX}.job.>")
+    # Nor can he ask the desk as alice: the server refuses the subject.
+    with pytest.raises(BusPermissionError):
+        await _send(bob, desk_subject(PREFIX, "alice"))
+
+
+async def _get_record(bus: JetStreamBus, job_id: str) -> None:
+    async with bus.permission_checked("read the jobs bucket"):
+        kv = await bus.client.jetstream().key_value(jobs_bucket(PREFIX))
+        await kv.get(job_id)
+
+
+async def _send(bus: JetStreamBus, subject: str) -> None:
+    async with bus.permission_checked(f"send on {subject}", subject=subject):
+        await bus.client.publish(subject, b"{}")
+        await bus.client.flush()
+        await asyncio.sleep(0.5)
+
+
+async def test_a_team_admin_may_cancel_a_members_job_and_a_member_reads_it(desk: Desk) -> None:
+    jane = await desk.client("jane.doe")
+    await jane.cancel("alice-1", "jane.doe")  # her team's admin: asked, not refused
+    alice = await desk.client("alice")
+    assert (await alice.job("jane-1")) is not None
+    with pytest.raises(PlatformError, match="only its owner may cancel it"):
+        await alice.cancel("jane-1", "alice")
+
+
+async def test_a_person_follows_their_job_to_its_end_through_the_desk(desk: Desk) -> None:
+    alice = await desk.client("alice")
+    seen: list[str] = []
+
+    async def follow() -> None:
+        async with contextlib.aclosing(alice.follow("alice-1")) as events:
+            async for event in events:
+                seen.append(type(event.data).__name__)
+
+    following = asyncio.create_task(follow())
+    await eventually(lambda: seen == ["JobRequested", "JobAccepted"], timeout_s=5)
+    await desk.publish(JobCancelled(job_id="bob-1", attempt=None), "bob-1")
+    await desk.publish(JobCancelled(job_id="alice-1", attempt=None), "alice-1")
+    await asyncio.wait_for(following, timeout=5)  # news wakes the waiting ask at once
+    assert seen == ["JobRequested", "JobAccepted", "JobCancelled"]
+
+
+async def test_anothers_cost_events_come_under_an_alias_with_nothing_but_the_bill(
+    desk: Desk,
+) -> None:
+    bob = await desk.client("bob")
+    events = await bob.cost_events()
+    requests = {e.data.job_id: e.data for e in events if isinstance(e.data, JobRequested)}
+    assert set(requests) == {"bob-1", alias("alice-1"), alias("jane-1")}
+    assert requests["bob-1"].env == {"API_TOKEN": "bob-secret"}
+    hidden = requests[alias("alice-1")]
+    assert (hidden.owner, hidden.env, hidden.entrypoint) == (HIDDEN_OWNER, {}, ("hidden",))
+    assert "alice" not in "".join(encode(e).decode() for e in events if e.subject != "bob-1")

@@ -34,6 +34,7 @@ from shared.natsauth.permissions import (
     person_inbox_prefix,
     person_permissions,
 )
+from shared.natsauth.server_config import render_server_config
 
 NAMES = BusNames(prefix="spotrain", stream="SPOTRAIN")
 USERS = permissions(NAMES)
@@ -188,11 +189,11 @@ def test_nobody_but_ops_publishes_to_the_replay_subjects() -> None:
 def test_nobody_but_ops_deletes_or_purges_anything() -> None:
     for verb in ("STREAM.DELETE", "STREAM.PURGE", "STREAM.MSG.DELETE", "CONSUMER.DELETE"):
         who = publishers(f"{API}.{verb}.>")
-        # Readers (the CLI; the scaler, for the cost metrics) delete their own short-lived
-        # read consumers, never a service's.
-        assert who - {Role.CLI, Role.SCALER} == {Role.OPS}, verb
+        # Readers (the CLI; the scaler, for the cost metrics; the submitter, for the
+        # records desk) delete their own short-lived read consumers, never a service's.
+        assert who - {Role.CLI, Role.SCALER, Role.SUBMITTER} == {Role.OPS}, verb
         if verb != "CONSUMER.DELETE":
-            assert Role.SCALER not in who, verb
+            assert not who & {Role.SCALER, Role.SUBMITTER}, verb
     for durable in CONSUMERS:
         subject = f"{API}.CONSUMER.DELETE.SPOTRAIN.{durable}"
         assert {r for r, u in USERS.items() if u.may_publish(subject)} == {Role.OPS}
@@ -376,17 +377,48 @@ def test_a_person_publishes_requests_on_their_own_name_only(subject: str, allowe
     assert ALICE.may_publish(subject) is allowed
 
 
-def test_a_person_reads_what_the_cli_reads_and_hears_replies_in_their_own_inbox() -> None:
-    cli = USERS[Role.CLI]
-    assert set(ALICE.subscribe_allow) - set(cli.subscribe_allow) == {
-        f"{person_inbox_prefix('alice')}.>"
-    }
+def test_a_person_hears_replies_in_their_own_inbox_and_no_job_events() -> None:
+    assert set(ALICE.subscribe_allow) == {f"{person_inbox_prefix('alice')}.>"}
     assert not ALICE.may_subscribe(f"{person_inbox_prefix('jane.doe')}.x")
     assert not ALICE.may_subscribe("_INBOX_cli.x")
+    assert not ALICE.may_subscribe("spotrain.job.accepted")
     # A name with a dot gets an inbox that no shorter name's covers.
     assert not person_permissions("jane", NAMES).may_subscribe(
         f"{person_inbox_prefix('jane.doe')}.x"
     )
+
+
+@pytest.mark.parametrize(
+    ("subject", "allowed"),
+    [
+        # Records and job events hold every job's --env values: the desk reads for her.
+        pytest.param(f"{API}.STREAM.MSG.GET.KV_spotrain-jobs", False, id="not-the-jobs-bucket"),
+        pytest.param(f"{API}.DIRECT.GET.KV_spotrain-jobs.x", False, id="not-directly-either"),
+        pytest.param(f"{API}.CONSUMER.CREATE.KV_spotrain-jobs", False, id="nor-listing-it"),
+        pytest.param(
+            f"{API}.CONSUMER.CREATE.SPOTRAIN.read-1.spotrain.job.>", False, id="no-job-events"
+        ),
+        pytest.param(
+            f"{API}.CONSUMER.CREATE.SPOTRAIN.read-1.spotrain.node.>", True, id="node-events"
+        ),
+        pytest.param(f"{API}.STREAM.MSG.GET.KV_spotrain-pools", True, id="the-pools"),
+        pytest.param("spotrain_desk.alice", True, id="asks-the-desk-as-herself"),
+        pytest.param("spotrain_desk.bob", False, id="not-as-bob"),
+        pytest.param("spotrain_desk.alice.doe", False, id="not-as-alice-doe"),
+    ],
+)
+def test_a_person_reads_jobs_through_the_desk_only(subject: str, allowed: bool) -> None:
+    assert ALICE.may_publish(subject) is allowed
+
+
+def test_only_the_submitter_answers_the_desk_and_it_replies_to_any_inbox() -> None:
+    answering = {r for r, u in USERS.items() if u.may_subscribe("spotrain_desk.alice")}
+    assert answering == {Role.SUBMITTER}
+    assert {r for r, u in USERS.items() if u.allow_responses} == {Role.SUBMITTER}
+    config = render_server_config(USERS, prefix="spotrain", stream="SPOTRAIN")
+    submitter = config.split("# submitter:")[1].split("# scaler:")[0]
+    assert "allow_responses: true" in submitter
+    assert config.count("allow_responses") == 1
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,139 @@
+"""The records desk's pure parts: who reads which job, how answers are paged, and what a
+hidden job's cost events keep."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from services.submitter import policy
+from shared.desk import (
+    HIDDEN_OWNER,
+    DeskAsk,
+    alias,
+    asker,
+    desk_subject,
+    desk_subjects,
+    hidden,
+    page,
+)
+from shared.events import Event, decode, encode, new_event, subject_matches
+from shared.events.data import JobAccepted, JobFailed, JobRequested, JobStarted
+from shared.jobs import JobRecord, JobState
+from shared.teams import Teams, parse_teams
+
+NOW = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
+TEAMS = parse_teams(
+    """
+[teams.vision]
+members = ["alice", "bob", "jane.doe"]
+admins = ["jane.doe"]
+[teams.nlp]
+members = ["carol"]
+"""
+)
+
+
+def record(owner: str, team: str | None = None) -> JobRecord:
+    return JobRecord(
+        request=JobRequested(job_id="job-1", owner=owner, entrypoint=("python", "t.py")),
+        request_event_id="ev-1",
+        state=JobState.QUEUED,
+        accepted_at=NOW,
+        updated_at=NOW,
+        team=team,
+    )
+
+
+@pytest.mark.parametrize(
+    ("owner", "team", "reader", "teams", "readable"),
+    [
+        pytest.param("alice", None, "alice", None, True, id="own-job-no-teams"),
+        pytest.param("alice", None, "bob", None, False, id="anothers-no-teams"),
+        pytest.param("alice", "vision", "bob", TEAMS, True, id="a-team-mate"),
+        pytest.param("alice", "vision", "jane.doe", TEAMS, True, id="the-teams-admin"),
+        pytest.param("alice", "vision", "carol", TEAMS, False, id="another-team"),
+        pytest.param("alice", None, "bob", TEAMS, True, id="team-from-the-file"),
+        # Admitted under nlp before alice moved to vision: nlp's, not bob's to read.
+        pytest.param("alice", "nlp", "bob", TEAMS, False, id="the-team-it-ran-under"),
+        pytest.param("alice", "nlp", "carol", TEAMS, True, id="read-by-that-team"),
+        pytest.param("alice", "vision", "dave", TEAMS, False, id="in-no-team"),
+    ],
+)
+def test_who_reads_a_job(
+    owner: str, team: str | None, reader: str, teams: Teams | None, readable: bool
+) -> None:
+    assert policy.may_read(record(owner, team), reader, teams) is readable
+
+
+@pytest.mark.parametrize("person", ["alice", "jane.doe", "j@acme.com"])
+def test_an_ask_names_its_sender_and_lies_outside_the_event_stream(person: str) -> None:
+    subject = desk_subject("spotrain", person)
+    assert asker(subject, "spotrain") == person
+    assert subject_matches(desk_subjects("spotrain"), subject)
+    assert not subject_matches("spotrain.>", subject)
+    assert asker("spotrain.job.requested.alice", "spotrain") is None
+    assert asker("spotrain_desk.", "spotrain") is None
+
+
+def test_an_ask_waits_twenty_seconds_at_most() -> None:
+    with pytest.raises(ValueError, match="less than or equal to 20"):
+        DeskAsk.model_validate({"ask": "history", "job_id": "job-1", "wait_s": 60})
+    with pytest.raises(ValueError, match="ask"):
+        DeskAsk.model_validate({"ask": "everything"})
+
+
+@given(st.lists(st.integers(min_value=1, max_value=300), max_size=40), st.integers(1, 1000))
+def test_a_page_fits_its_limit_and_always_moves_on(sizes: list[int], limit: int) -> None:
+    count = page(sizes, lambda size: size, limit)
+    assert count <= len(sizes)
+    if sizes:
+        assert count >= 1
+        assert count == 1 or sum(sizes[:count]) <= limit
+        assert count == len(sizes) or sum(sizes[: count + 1]) > limit
+
+
+def test_a_hidden_jobs_request_keeps_the_bill_and_nothing_else() -> None:
+    request = JobRequested(
+        job_id="alice-7",
+        owner="alice",
+        experiment="sentiment",
+        entrypoint=("python", "train.py", "--token", "s3cr3t"),
+        labels={"slack.user": "U1"},
+        env={"API_TOKEN": "s3cr3t"},
+        secrets={"HF_TOKEN": "hf"},
+        pip=("private-package==1.0",),
+        num_workers=2,
+    )
+    event = new_event(request, source="cli/alice", time=NOW, subject="alice-7")
+    shown = decode(encode(hidden(event)))  # still a valid event on the way to the reader
+    assert isinstance(shown.data, JobRequested)
+    assert shown.data.job_id == alias("alice-7") == shown.subject
+    assert (shown.data.owner, shown.data.num_workers) == (HIDDEN_OWNER, 2)
+    assert shown.time == NOW
+    text = encode(shown).decode()
+    for secret in ("alice", "s3cr3t", "sentiment", "U1", "hf", "private-package", event.id):
+        assert secret not in text
+
+
+def test_each_hidden_event_of_a_job_is_under_the_same_alias() -> None:
+    events: list[Event[Any]] = [
+        new_event(JobAccepted(job_id="a-1", owner="alice", experiment="x"), source="s", time=NOW),
+        new_event(
+            JobStarted(job_id="a-1", attempt=1, submission_id="a-1-1", pool="spot", nodes=("n",)),
+            source="s",
+            time=NOW,
+        ),
+        new_event(
+            JobFailed(job_id="a-1", attempt=1, message="KeyError: s3cr3t"), source="s", time=NOW
+        ),
+    ]
+    shown = [decode(encode(hidden(e))) for e in events]
+    assert {getattr(e.data, "job_id", None) for e in shown} == {alias("a-1")}
+    assert "s3cr3t" not in "".join(encode(e).decode() for e in shown)
+    assert "alice" not in "".join(encode(e).decode() for e in shown)
+    assert alias("a-1") != alias("a-2")
