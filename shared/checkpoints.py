@@ -64,6 +64,9 @@ class ProgressReport(BaseModel):
     total_steps: int | None = Field(default=None, ge=0)
     metrics: dict[str, float]
     updated_at: AwareDatetime
+    workers: int | None = Field(default=None, ge=1)
+    """How many workers the run has now (a multi-node run's world size): how the platform
+    sees an elastic job shrink and grow."""
 
 
 class CheckpointRequest(BaseModel):

@@ -68,6 +68,8 @@ class Attempt(Frozen):
     metrics: dict[str, float] = Field(default_factory=dict)
     nodes: tuple[str, ...] = ()
     """The nodes it runs on, as far as Ray told (its driver's node)."""
+    workers: int | None = None
+    """How many workers a multi-node attempt has now, as its training last reported."""
     pool: str | None = None
     capacity: CapacityClass | None = None
     """The capacity it was pinned to, when the checkpointer moved it off the requested one."""

@@ -239,9 +239,15 @@ class TrainingContext:
         )
 
     def report(
-        self, step: int, metrics: Mapping[str, float], total_steps: int | None = None
+        self,
+        step: int,
+        metrics: Mapping[str, float],
+        total_steps: int | None = None,
+        *,
+        workers: int | None = None,
     ) -> None:
-        """Publish progress (progress.json at the job's root) for the platform and the user.
+        """Publish progress (progress.json at the job's root) for the platform and the user;
+        a multi-node run says how many workers it has now (`workers`, its world size).
 
         Called every step, it writes at most once per `progress_interval_s` (by default a
         second on GCS, which takes one write a second to an object and past it answers
@@ -257,6 +263,7 @@ class TrainingContext:
             total_steps=total_steps,
             metrics=dict(metrics),
             updated_at=self._clock.now(),
+            workers=workers,
         )
         if self._monotonic() >= self._next_progress_at:
             self.flush_progress()
@@ -274,6 +281,10 @@ class TrainingContext:
             logger.warning("progress of step %s not written: %s", report.step, error)
             return
         self._unwritten = None
+
+
+RESIZE_INTERVAL_S: Final = 10.0
+"""How often an elastic Ray Train job looks for room to grow back toward its MAX."""
 
 
 def ray_train_scaling(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
@@ -295,8 +306,15 @@ def ray_train_scaling(environ: Mapping[str, str] | None = None) -> dict[str, Any
     cpus = float(env.get("SPOTRAIN_CPUS_PER_WORKER", "1"))
     pinned: dict[str, float] = json.loads(env.get("SPOTRAIN_WORKER_RESOURCES") or "{}")
     resources = {"CPU": cpus, **({"GPU": gpus} if gpus else {}), **pinned}
-    return {
+    scaling: dict[str, Any] = {
         "num_workers": (low, high) if high > low else low,
         "use_gpu": gpus > 0,
         "resources_per_worker": resources,
     }
+    if high > low:
+        # How often a healthy group looks for room to grow (Ray's default is a minute):
+        # a job that shrank when a node went is back to MAX soon after a node returns.
+        scaling["elastic_resize_monitor_interval_s"] = float(
+            env.get("SPOTRAIN_RESIZE_INTERVAL_S", str(RESIZE_INTERVAL_S))
+        )
+    return scaling

@@ -14,6 +14,7 @@ import structlog
 
 from services.scaler import metrics, policy
 from services.scaler.model import BlockedReason, Demand, PoolSpec, ScalePlan, ScalerConfig
+from services.scaler.policy import elastic
 from services.scaler.ports import (
     ClusterObserver,
     CostEventFeed,
@@ -36,6 +37,7 @@ from shared.events.data import (
     JobInterrupted,
     JobMoveRequested,
     JobQueued,
+    JobResized,
     JobStarted,
     JobSucceeded,
     NodeEndSource,
@@ -137,17 +139,45 @@ def move_demand_id(job_id: str) -> str:
     return f"{job_id}.move"
 
 
+async def on_job_resized(event: Event[JobResized], deps: Deps) -> None:
+    """A running multi-node attempt has fewer workers than it may have: room for each it
+    misses (`policy.elastic`); room it no longer misses is withdrawn."""
+    resized = event.data
+    wanted = elastic.growth(resized, event.time)
+    for demand in wanted.wanted:
+        await deps.demand.put(demand)
+    for withdrawn in wanted.withdrawn:
+        await deps.demand.remove(withdrawn, resized.attempt)
+    log.info(
+        "demand.resized",
+        job_id=resized.job_id,
+        workers=resized.workers,
+        previous=resized.previous,
+        missing=len(wanted.wanted),
+    )
+
+
 async def on_job_settled(event: Event[Any], deps: Deps) -> None:
     """The attempt started or ended: its demand is no longer pending, nor is the room
-    wanted for moving it (an attempt that ends, moved or not, wants no room)."""
+    wanted for moving it (an attempt that ends, moved or not, wants no room), nor for
+    workers it misses."""
     await deps.demand.remove(event.data.job_id, event.data.attempt)
     await deps.demand.remove(move_demand_id(event.data.job_id), attempt=_EVERY_ATTEMPT)
+    if not isinstance(event.data, JobStarted):
+        await _withdraw_growth(event.data.job_id, deps)
+
+
+async def _withdraw_growth(job_id: str, deps: Deps) -> None:
+    for demand in await deps.demand.all():
+        if elastic.is_growth_of(demand.job_id, job_id):
+            await deps.demand.remove(demand.job_id, attempt=_EVERY_ATTEMPT)
 
 
 async def on_job_cancelled(event: Event[JobCancelled], deps: Deps) -> None:
     """A cancelled job has no pending demand, whichever attempt it was at."""
     await deps.demand.remove(event.data.job_id, attempt=_EVERY_ATTEMPT)
     await deps.demand.remove(move_demand_id(event.data.job_id), attempt=_EVERY_ATTEMPT)
+    await _withdraw_growth(event.data.job_id, deps)
 
 
 _EVERY_ATTEMPT = 1_000_000
@@ -178,6 +208,8 @@ async def reconcile(deps: Deps) -> ScalePlan:
         risk=_risk(deps),
         outlooks=_outlooks(deps, now),
     )
+    for served in elastic.served(decided.in_room):
+        await deps.demand.remove(served, attempt=_EVERY_ATTEMPT)
     status = policy.summarize(
         deps.pools,
         nodes=views,
@@ -538,6 +570,7 @@ async def _publish(deps: Deps, data: EventData, event_id: str | None = None) -> 
 SUBSCRIPTIONS: dict[type[EventData], HandlerWithDeps[Deps]] = {
     JobQueued: on_job_queued,
     JobMoveRequested: on_job_move_requested,
+    JobResized: on_job_resized,
     JobStarted: on_job_settled,
     JobSucceeded: on_job_settled,
     JobFailed: on_job_settled,

@@ -160,6 +160,9 @@ class ScalePlan(Frozen):
     pools: tuple[PoolPlan, ...]
     release: tuple[Name, ...] = ()
     blocked: tuple[Blocked, ...] = ()
+    in_room: tuple[str, ...] = ()
+    """The demands that fit in room the nodes have now, placed before any node was bought
+    in this decision (whose room would count too)."""
 
     def target(self, pool: str) -> int:
         return next(p.target for p in self.pools if p.pool == pool)

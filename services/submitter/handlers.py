@@ -38,8 +38,10 @@ from shared.events.data import (
     JobInterrupted,
     JobRejected,
     JobRequested,
+    JobResized,
     JobResumed,
     RejectionReason,
+    ResizeReason,
 )
 from shared.events.types import CapacityClass
 from shared.messaging import EventPublisher, HandlerWithDeps, RetryLater, Unhandleable
@@ -584,6 +586,8 @@ def _count(transition: Transition) -> None:
     for fact in transition.facts:
         if isinstance(fact.data, JobInterrupted):
             metrics.ATTEMPTS_LOST.labels(fact.data.cause.value).inc()
+        if isinstance(fact.data, JobResized) and fact.data.reason is not ResizeReason.COUNTED:
+            metrics.RESIZES.labels(fact.data.reason.value).inc()
     if not record.is_active and transition.reason is not Reason.UNCHANGED:
         metrics.FINISHED.labels(record.state.value).inc()
 

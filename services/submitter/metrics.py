@@ -8,7 +8,7 @@ from collections.abc import Iterable, Sequence
 
 from prometheus_client import Counter, Histogram
 
-from shared.events.data import InterruptionCause
+from shared.events.data import InterruptionCause, ResizeReason
 from shared.jobs import TERMINAL_STATES, AttemptState, JobRecord, JobState
 from shared.runtime.metrics import GaugeSpec, register_snapshot
 
@@ -23,12 +23,15 @@ JOB_ETA = GaugeSpec(
     "spotrain_job_eta_seconds", "Time an active job needs to finish at its attempt's pace.", JOB
 )
 JOB_ATTEMPT = GaugeSpec("spotrain_job_attempt", "An active job's current attempt number.", JOB)
+JOB_WORKERS = GaugeSpec(
+    "spotrain_job_workers", "How many workers a multi-node job's attempt has now.", JOB
+)
 JOB_METRIC = GaugeSpec(
     "spotrain_job_metric",
     "The last value of each metric an active job's training reported.",
     (*JOB, "metric"),
 )
-SPECS = (JOBS, JOB_STEP, JOB_TOTAL_STEPS, JOB_ETA, JOB_ATTEMPT, JOB_METRIC)
+SPECS = (JOBS, JOB_STEP, JOB_TOTAL_STEPS, JOB_ETA, JOB_ATTEMPT, JOB_WORKERS, JOB_METRIC)
 
 FINISHED = Counter(
     "spotrain_jobs_finished_total",
@@ -53,6 +56,11 @@ GIVE_WAY_ASKED = Counter(
     "Jobs asked to checkpoint and stop for other work, by cause (reclaimed, priority).",
     ["cause"],
 )
+RESIZES = Counter(
+    "spotrain_job_resizes_total",
+    "Multi-node attempts that went on with fewer workers (shrank) or took more (grew).",
+    ["reason"],
+)
 RECOVERY_SECONDS = Histogram(
     "spotrain_recovery_seconds",
     "From a lost attempt's end to its successor running on Ray.",
@@ -72,6 +80,8 @@ def declare() -> None:
         FINISHED.labels(state.value)
     for cause in InterruptionCause:
         ATTEMPTS_LOST.labels(cause.value)
+    for reason in (ResizeReason.SHRANK, ResizeReason.GREW):
+        RESIZES.labels(reason.value)
 
 
 def record_samples(records: Iterable[JobRecord]) -> Samples:
@@ -86,6 +96,8 @@ def record_samples(records: Iterable[JobRecord]) -> Samples:
             continue
         labels = (record.job_id, record.request.experiment or NO_EXPERIMENT, record.request.owner)
         samples[JOB_ATTEMPT].append((labels, float(attempt.number)))
+        if attempt.workers is not None and attempt.state is AttemptState.RUNNING:
+            samples[JOB_WORKERS].append((labels, float(attempt.workers)))
         if attempt.state is not AttemptState.RUNNING or attempt.step is None:
             continue
         samples[JOB_STEP].append((labels, float(attempt.step)))

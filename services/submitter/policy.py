@@ -32,10 +32,12 @@ from shared.events.data import (
     JobProgress,
     JobQueued,
     JobRequested,
+    JobResized,
     JobResumed,
     JobStarted,
     JobSucceeded,
     RejectionReason,
+    ResizeReason,
 )
 from shared.events.types import CapacityClass, Frozen
 from shared.fairshare import (
@@ -82,6 +84,21 @@ class WaitForQuota:
 
 
 Admission = Accept | Reject | WaitForQuota
+
+
+RAY_TRAIN_ON_SPOT = {
+    # A worker group waits this long for its placement before Ray Train decides again: on
+    # a notice, the group restarts at the deadline while the going node still counts as
+    # alive, and the first try, which wants it too, must not hold the job for a minute.
+    "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "3",
+    # How soon the workers hear of a drained node (Ray's default is 5 s of a 15 s notice).
+    "RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": "1",
+    # How often the controller polls the workers: a lost one is seen, and a checkpoint
+    # saved on a notice registered, within a second (Ray's default is 2 s).
+    "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "1",
+}
+"""Ray Train's settings for multi-node jobs on capacity that goes (Ray Train reads them in
+the driver and passes them to its controller)."""
 
 
 def admit(
@@ -398,6 +415,8 @@ def plan_submission(record: JobRecord, attempt: Attempt, *, checkpoint_uri: str)
         # The workers, not the driver, go on the attempt's capacity: the training helper
         # hands this to Ray Train as each worker's resources.
         env["SPOTRAIN_WORKER_RESOURCES"] = json.dumps({pin: RESOURCE_PER_JOB})
+    if not single_node:
+        env |= RAY_TRAIN_ON_SPOT
     if attempt.resumed_from:
         env["SPOTRAIN_RESUME_FROM"] = attempt.resumed_from
     metadata = {"job_id": request.job_id, "attempt": str(attempt.number), "owner": request.owner}
@@ -577,15 +596,20 @@ def _failed(  # on_ray_status's inputs, passed on
 
 
 def on_progress(record: JobRecord, report: ProgressReport | None, now: datetime) -> Transition:
-    """Training reported a step: publish it once, for the attempt that is running now."""
+    """Training reported a step: publish it once, for the attempt that is running now; and
+    when a multi-node attempt reports a new number of workers, that it was resized. Ray
+    Train resizes by restarting the group from its latest checkpoint: the step may go back,
+    and the attempt is at that step from then on."""
     attempt = record.current
     if (
         report is None
         or attempt is None
         or attempt.state is not AttemptState.RUNNING
         or report.attempt != attempt.number
-        or (attempt.step is not None and report.step <= attempt.step)
     ):
+        return Transition(Reason.UNCHANGED, record)
+    resized = report.workers is not None and report.workers != attempt.workers
+    if attempt.step is not None and report.step <= attempt.step and not resized:
         return Transition(Reason.UNCHANGED, record)
     # Events carry finite numbers under well-formed names; a NaN loss stays in the file.
     metrics = {
@@ -600,6 +624,7 @@ def on_progress(record: JobRecord, report: ProgressReport | None, now: datetime)
             "metrics": metrics,
             "total_steps": report.total_steps,
             "eta_s": eta,
+            "workers": report.workers if resized else attempt.workers,
         }
     )
     progress = JobProgress(
@@ -610,11 +635,37 @@ def on_progress(record: JobRecord, report: ProgressReport | None, now: datetime)
         metrics=dict(sorted(metrics.items())[:64]),
         eta_s=eta,
     )
+    facts = [Fact(f"progress-{record.job_id}-{attempt.number}-{report.step}", progress)]
+    if resized:
+        assert report.workers is not None
+        facts.insert(0, _resized(record, attempt, report.workers, report.step))
     return Transition(
-        Reason.PROGRESSED,
-        _with_attempt(record, moved, record.state, now),
-        (Fact(f"progress-{record.job_id}-{attempt.number}-{report.step}", progress),),
+        Reason.PROGRESSED, _with_attempt(record, moved, record.state, now), tuple(facts)
     )
+
+
+def _resized(record: JobRecord, attempt: Attempt, workers: int, step: int) -> Fact:
+    request = record.request
+    previous = attempt.workers
+    if previous is None:
+        reason = ResizeReason.COUNTED
+    else:
+        reason = ResizeReason.GREW if workers > previous else ResizeReason.SHRANK
+    resized = JobResized(
+        job_id=record.job_id,
+        attempt=attempt.number,
+        workers=workers,
+        previous=previous,
+        min_workers=request.num_workers,
+        max_workers=max(request.max_workers or request.num_workers, workers),
+        reason=reason,
+        worker=request.worker,
+        capacity=attempt.capacity or request.capacity,
+        priority=request.priority,
+        step=step,
+    )
+    key = f"resized-{record.job_id}-{attempt.number}-{previous or 0}-{workers}-{step}"
+    return Fact(key, resized)
 
 
 def eta_s(attempt: Attempt, step: int, total_steps: int | None, at: datetime) -> float | None:

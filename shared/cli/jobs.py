@@ -25,7 +25,7 @@ from shared.client import PlatformError, SpotrainClient, current_user, new_job_i
 from shared.cost import CostRow, format_usd, job_costs
 from shared.elastic import WorkerRange, is_ray_train_script, most_workers, parse_workers
 from shared.events import Event, EventData
-from shared.events.data import JobFailed, JobProgress, JobRejected, JobRequested
+from shared.events.data import JobFailed, JobProgress, JobRejected, JobRequested, JobResized
 from shared.events.types import Bundle, CapacityClass
 from shared.jobs import JobRecord, deadline_outlook, deadline_refusal, span_text
 from shared.pools import PoolsStatus, PoolStatus
@@ -222,7 +222,8 @@ def show(job_id: str) -> None:
     if record is not None and (
         record.request.num_workers > 1 or record.request.max_workers is not None
     ):
-        out.print(_workers_line(record.request))
+        current = record.current
+        out.print(_workers_line(record.request, current.workers if current else None))
     if record is not None and record.is_active and record.waiting_for is not None:
         out.print(f"waiting for quota: {record.waiting_for}")
     if record is not None and record.request.deadline is not None:
@@ -412,13 +413,15 @@ def request_fields(params: Mapping[str, Any], entrypoint: list[str]) -> dict[str
     }
 
 
-def _workers_line(request: JobRequested) -> str:
+def _workers_line(request: JobRequested, now: int | None = None) -> str:
+    """The worker count asked for, and `now`, the running attempt's, once it reported."""
     workers = WorkerRange(min=request.num_workers, max=request.max_workers or request.num_workers)
+    running = f"; {now} now" if now is not None else ""
     if not workers.elastic:
-        return f"workers: {workers} (a gang: all or none)"
+        return f"workers: {workers} (a gang: all or none{running})"
     return (
         f"workers: {workers} ({workers.min} a gang, up to {workers.max - workers.min} more as "
-        "capacity allows; Ray Train resizes within)"
+        f"capacity allows; Ray Train resizes within{running})"
     )
 
 
@@ -529,7 +532,7 @@ async def _print_until_end(events: AsyncIterator[Event[EventData]]) -> int:
         kind = event.type.split(".")[2]
         if isinstance(event.data, JobProgress):
             continue
-        err.print(f"[dim]{event.time:%H:%M:%S}[/] {kind}")
+        err.print(f"[dim]{event.time:%H:%M:%S}[/] {kind}{_resize_text(event.data)}")
         if isinstance(event.data, JobFailed):
             err.print(f"[red]{event.data.message.strip().splitlines()[-1]}[/]")
             return 1
@@ -579,10 +582,21 @@ async def _show_progress(
             continue
         if attempt := getattr(event.data, "attempt", None):
             fields["attempt"] = attempt
+        if isinstance(event.data, JobResized):
+            fields["state"] = f"running{_resize_text(event.data)}"
         progress.update(task, **fields)
         if isinstance(event.data, JobFailed | JobRejected):
             return 1
     return 0
+
+
+def _resize_text(data: EventData) -> str:
+    """`: 4 → 3 workers (shrank)` for a resize; nothing for any other event."""
+    if not isinstance(data, JobResized):
+        return ""
+    if data.previous is None:
+        return f": {data.workers} workers"
+    return f": {data.previous} → {data.workers} workers ({data.reason.value})"
 
 
 def eta_text(eta_s: float | None) -> str:

@@ -69,6 +69,7 @@ _MODELS: tuple[type[d.EventData], ...] = (
     d.JobInterrupted,
     d.JobResumed,
     d.JobMoveRequested,
+    d.JobResized,
     d.JobSucceeded,
     d.JobFailed,
     d.JobCancelRequested,

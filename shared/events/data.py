@@ -268,6 +268,43 @@ class JobMoveRequested(EventData):
     reason: MoveReason
 
 
+class ResizeReason(StrEnum):
+    """Why a multi-node attempt's worker count changed (it is the same attempt throughout:
+    Ray Train restarts its group within the job, from the latest checkpoint)."""
+
+    COUNTED = "counted"
+    """The first count the attempt reported."""
+    SHRANK = "shrank"
+    """It goes on with fewer workers: a node went, with or without notice."""
+    GREW = "grew"
+    """Capacity came back and Ray Train took it."""
+
+
+class JobResized(EventData):
+    """A running multi-node attempt has a new number of workers, as its training reports
+    it. Below `max_workers`, the scaler looks for spot room for the missing workers (past
+    `min_workers` at the lowest priority); the attempt goes on meanwhile."""
+
+    aggregate = "job"
+    event = "resized"
+
+    job_id: JobId
+    attempt: Attempt
+    workers: Annotated[int, Field(ge=1, le=256)]
+    previous: Annotated[int, Field(ge=1, le=256)] | None = None
+    """The count before; None for the first."""
+    min_workers: Annotated[int, Field(ge=1, le=256)]
+    max_workers: Annotated[int, Field(ge=1, le=256)]
+    reason: ResizeReason
+    worker: Bundle
+    """One worker's bundle: what each missing worker needs."""
+    capacity: CapacityClass
+    """Where the attempt's workers run (spot or on-demand)."""
+    priority: Annotated[int, Field(ge=0, le=9)] = 5
+    step: Step | None = None
+    """The step it reported with the new count."""
+
+
 class JobSucceeded(EventData):
     aggregate = "job"
     event = "succeeded"

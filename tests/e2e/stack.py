@@ -6,7 +6,10 @@ import json
 import os
 import subprocess
 import sys
+import urllib.parse
+import urllib.request
 from pathlib import Path
+from typing import Any
 
 from shared.localstack.ports import free_port, free_port_below, free_port_block
 from shared.localstack.processes import ProcessRecord
@@ -61,3 +64,17 @@ def demo_figures(stdout: str) -> dict[str, str]:
 
 def prometheus_url(env: dict[str, str]) -> str:
     return f"http://127.0.0.1:{env['SPOTRAIN_LOCAL_PROMETHEUS_PORT']}"
+
+
+def query_range(url: str, promql: str, start: float, end: float) -> list[dict[str, Any]]:
+    """A range query of the stack's Prometheus: its series, each with its `values`."""
+    params = {"query": promql, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": "2"}
+    return prometheus_get(f"{url}/api/v1/query_range?{urllib.parse.urlencode(params)}")
+
+
+def prometheus_get(url: str) -> list[dict[str, Any]]:
+    with urllib.request.urlopen(url, timeout=10) as response:  # noqa: S310  # the stack's own
+        body = json.load(response)
+    assert body["status"] == "success", body
+    result: list[dict[str, Any]] = body["data"]["result"]
+    return result

@@ -22,6 +22,8 @@ Dashboard = dict[str, Any]
 # Panel titles that read Ray's device metrics (ray_node_gpus_utilization and the like): empty,
 # and so exempt from "returns data", on a cluster without real GPUs.
 NEEDS_REAL_GPUS: frozenset[str] = frozenset({"Device GPU utilisation"})
+NEEDS_MULTI_NODE_JOB: frozenset[str] = frozenset({"Workers"})
+"""Panels of a multi-node job's workers: tests/e2e/test_elastic.py's run draws them."""
 
 # What Grafana puts in place of each variable the dashboards use, for a check or a real query:
 # $__rate_interval is at least four scrape intervals; "All" of a multi-value variable is its

@@ -12,6 +12,7 @@ from services.scaler.handlers import (
     Deps,
     on_job_move_requested,
     on_job_queued,
+    on_job_resized,
     on_job_settled,
     reconcile,
 )
@@ -22,8 +23,11 @@ from shared.events.data import (
     JobInterrupted,
     JobMoveRequested,
     JobQueued,
+    JobResized,
     JobStarted,
+    JobSucceeded,
     MoveReason,
+    ResizeReason,
 )
 from shared.events.types import Bundle, CapacityClass
 from shared.messaging.memory import InMemoryBus
@@ -248,3 +252,59 @@ async def test_room_wanted_for_a_move_grows_spot_and_is_withdrawn_when_the_attem
     )
     await on_job_settled(new_event(interrupted, source="submitter", time=NOW), deps)
     assert deps.demand.demands == {}
+
+
+def resized(workers: int, previous: int | None = None, **fields: Any) -> Any:
+    data = JobResized(
+        job_id="job-e",
+        attempt=1,
+        workers=workers,
+        previous=previous,
+        min_workers=fields.pop("min_workers", 2),
+        max_workers=fields.pop("max_workers", 4),
+        reason=ResizeReason.SHRANK if previous else ResizeReason.COUNTED,
+        worker=Bundle(gpus=1),
+        capacity=fields.pop("capacity", CapacityClass.SPOT),
+        **fields,
+    )
+    return new_event(data, source="submitter", time=NOW)
+
+
+async def test_a_shrunk_elastic_job_gets_spot_room_worker_by_worker_until_it_ends(
+    deps: Deps, cluster: FakeCluster
+) -> None:
+    """Issue 18: a running 2..4 job on 2 workers misses 2, each a demand of its own at the
+    lowest priority; one node of 2 GPUs holds both; back to 4, the room is withdrawn."""
+    assert isinstance(deps.demand, InMemoryDemandStore)
+    await on_job_resized(resized(2), deps)
+    assert sorted((d.job_id, d.priority) for d in deps.demand.demands.values()) == [
+        ("job-e.grow-0", 0),
+        ("job-e.grow-1", 0),
+    ]
+    await reconcile(deps)
+    assert list(cluster.launched) == ["gpu-spot-1"]
+    await on_job_resized(resized(3, previous=2), deps)
+    assert [d.job_id for d in deps.demand.demands.values()] == ["job-e.grow-0"]
+    await on_job_resized(resized(2, previous=3), deps)
+    assert len(deps.demand.demands) == 2
+    succeeded = JobSucceeded(job_id="job-e", attempt=1)
+    await on_job_settled(new_event(succeeded, source="submitter", time=NOW), deps)
+    assert deps.demand.demands == {}
+
+
+async def test_growth_the_nodes_have_room_for_is_done_with_and_buys_no_node(
+    deps: Deps, cluster: FakeCluster, clock: FixedClock
+) -> None:
+    """Once a node with room for the missing workers is up, Ray Train takes it when it next
+    resizes; the demand goes, so that the room its workers take meanwhile buys no other."""
+    assert isinstance(deps.demand, InMemoryDemandStore)
+    await on_job_resized(resized(2), deps)
+    await reconcile(deps)
+    assert list(cluster.launched) == ["gpu-spot-1"]
+    assert len(deps.demand.demands) == 2, "a node bought for it is not yet room it has"
+    clock.advance(timedelta(seconds=30))  # booted, and past the pool's settle time
+    await reconcile(deps)
+    assert deps.demand.demands == {}
+    clock.advance(timedelta(seconds=30))
+    await reconcile(deps)
+    assert list(cluster.launched) == ["gpu-spot-1"]

@@ -380,3 +380,24 @@ def test_a_tight_deadline_job_takes_on_demand_when_the_pools_windows_are_seen_to
     short = SpotOutlook(seen_h=200, productive_share=0.05, mean_window_h=0.02)
     decided = plan(POOLS, [], [waiting], CONFIG, NOW, outlooks={"gpu-spot": short})
     assert (decided.target("gpu-od"), decided.target("gpu-spot")) == (1, 0)
+
+
+@pytest.mark.parametrize(
+    ("nodes", "demands", "in_room"),
+    [
+        pytest.param([node("s1", SPOT)], [demand(gpus=2)], ("job-1",), id="room-now"),
+        pytest.param([], [demand(gpus=1), demand("j2", gpus=1)], (), id="room-bought-now"),
+        pytest.param(
+            [node("s1", SPOT, free_gpus=1)],
+            [demand(gpus=1, waited_s=9), demand("j2", gpus=2)],
+            ("job-1",),
+            id="before-a-purchase-only",
+        ),
+    ],
+)
+def test_a_decision_says_which_demand_the_nodes_have_room_for_now(
+    nodes: list[NodeView], demands: list[Demand], in_room: tuple[str, ...]
+) -> None:
+    """Growth demand is done with once the nodes have room for it (`policy.elastic`): room
+    on a node this decision buys is not room yet, and does not count."""
+    assert plan(POOLS, nodes, demands, CONFIG, NOW).in_room == in_room

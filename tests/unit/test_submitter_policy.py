@@ -21,7 +21,7 @@ from services.submitter.model import (
 )
 from services.submitter.policy import Accept, Quotas, Reason, Reject
 from shared.checkpoints import ProgressReport
-from shared.events.data import JobRequested, RejectionReason
+from shared.events.data import JobRequested, JobResized, RejectionReason
 from shared.events.types import Bundle, CapacityClass
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
@@ -162,6 +162,12 @@ def test_a_multi_node_spot_job_puts_its_workers_on_spot_and_its_driver_on_the_he
     assert (env["SPOTRAIN_NUM_WORKERS"], env["SPOTRAIN_MAX_WORKERS"]) == ("2", "4")
     assert json.loads(env["SPOTRAIN_WORKER_RESOURCES"]) == {"spotrain-capacity-spot": 0.001}
     assert (env["SPOTRAIN_GPUS_PER_WORKER"], env["SPOTRAIN_CPUS_PER_WORKER"]) == ("2", "4.0")
+    # Ray Train tuned for capacity that goes: a restart after a notice takes seconds.
+    assert env["RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"] == "3"
+    assert env["RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S"] == "1"
+    single = queued_record(request(2, capacity=CapacityClass.SPOT))
+    alone = policy.plan_submission(single, single.attempts[0], checkpoint_uri="gs://b/j")
+    assert not any(name.startswith("RAY_TRAIN_") for name in alone.env_vars)
 
 
 def status(state: RayJobState, **fields: object) -> RayJobStatus:
@@ -271,3 +277,67 @@ def test_non_finite_metrics_stay_out_of_events() -> None:
     [fact] = transition.facts
     assert fact.data.metrics == {"acc": 0.9}  # type: ignore[attr-defined]
     assert fact.key == "progress-job-1-1-7"
+
+
+def workers_report(step: int, workers: int) -> ProgressReport:
+    return ProgressReport(
+        job_id="job-1", attempt=1, step=step, metrics={}, updated_at=NOW, workers=workers
+    )
+
+
+ELASTIC = policy.on_ray_status(
+    queued_record(request(1, workers=2, max_workers=4, capacity=CapacityClass.SPOT)),
+    status(R.RUNNING),
+    NOW,
+).record
+
+
+def resizes(record: JobRecord, *reports: ProgressReport) -> list[tuple[int | None, int, str]]:
+    """(previous, workers, reason) of each `job.resized` the reports publish, in turn."""
+    seen = []
+    for progress in reports:
+        transition = policy.on_progress(record, progress, NOW)
+        record = transition.record
+        seen += [
+            (f.data.previous, f.data.workers, f.data.reason.value)
+            for f in transition.facts
+            if isinstance(f.data, JobResized)
+        ]
+    return seen
+
+
+@pytest.mark.parametrize(
+    ("reports", "expected"),
+    [
+        pytest.param([workers_report(10, 4)], [(None, 4, "counted")], id="first-count"),
+        pytest.param(
+            [workers_report(10, 4), workers_report(20, 4)], [(None, 4, "counted")], id="same"
+        ),
+        pytest.param(
+            # The group restarted on 3 from the checkpoint of step 15: steps went back.
+            [workers_report(20, 4), workers_report(16, 3), workers_report(30, 4)],
+            [(None, 4, "counted"), (4, 3, "shrank"), (3, 4, "grew")],
+            id="shrank-then-grew",
+        ),
+        pytest.param([report(10)], [], id="a-single-node-run-says-nothing"),
+    ],
+)
+def test_a_new_worker_count_is_a_resize(
+    reports: list[ProgressReport], expected: list[tuple[int | None, int, str]]
+) -> None:
+    assert resizes(ELASTIC, *reports) == expected
+
+
+def test_a_resize_says_what_the_scaler_needs_and_the_step_it_went_back_to() -> None:
+    record = policy.on_progress(ELASTIC, workers_report(20, 4), NOW).record
+    transition = policy.on_progress(record, workers_report(16, 3), NOW)
+    # Ray Train went back to the checkpoint of step 16 to resize: the attempt is there now.
+    resized, progressed = (fact.data for fact in transition.facts)
+    assert isinstance(resized, JobResized)
+    assert (resized.min_workers, resized.max_workers, resized.step) == (2, 4, 16)
+    assert resized.capacity is CapacityClass.SPOT
+    assert resized.worker == ELASTIC.request.worker
+    assert progressed.step == 16  # type: ignore[attr-defined]
+    current = transition.record.current
+    assert current is not None
+    assert (current.workers, current.step) == (3, 16)

@@ -430,6 +430,8 @@ def test_progress_waits_only_on_gcs(job_uri: str) -> None:
                     "GPU": 1.0,
                     "spotrain-capacity-spot": 0.001,
                 },
+                # Looks for room to grow every 10 s, not Ray's minute.
+                "elastic_resize_monitor_interval_s": 10.0,
             },
             id="elastic-on-spot",
         ),

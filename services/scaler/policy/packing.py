@@ -423,6 +423,7 @@ def plan(
         and sizes[p.name] >= p.max_nodes
         and not any(s.pool == p.name and s.gpus > 0 for s in slots)
     )
+    in_room: list[str] = []
     for demand in ordered:
         allowed = _allowed(
             demand, pools, config, now, unavailable, spot_gone=spot_full, outlooks=outlooks
@@ -432,9 +433,11 @@ def plan(
             choice = eligible[allowed] = _choice(
                 demand, pools, config, now, unavailable, risk, spot_full, outlooks
             )
-        outcome = _place(demand, choice, packing, config)
-        if outcome is not None:
+        if (outcome := _place(demand, choice, packing, config)) is not None:
             blocked.append(outcome)
+        elif not packing.launches:
+            # Room the nodes have now: none was bought yet, whose room would count too.
+            in_room.append(demand.job_id)
 
     release = _idle_nodes(idle, by_name, sizes)
     released = dict.fromkeys(by_name, 0)
@@ -459,6 +462,7 @@ def plan(
         pools=tuple(plans),
         release=tuple(sorted(node.name for node in release)),
         blocked=tuple(blocked),
+        in_room=tuple(in_room),
     )
 
 

@@ -1,0 +1,79 @@
+"""Elastic demand: the workers a running multi-node attempt misses, from its `job.resized`.
+
+Its MIN workers are a gang, placed all or none when it is queued (as any job's). Once it
+runs, each worker it misses is a demand of its own, so capacity that comes one node at a
+time is taken one worker at a time:
+- below MIN (a node went and the group cannot go on), on the attempt's capacity at the
+  job's priority: the attempt waits for these;
+- from MIN to MAX, on spot only and at the lowest priority, after every other job's
+  queued work: opportunistic, never a reason to buy on-demand.
+Pure: the caller says when.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
+
+from services.scaler.model import Demand
+from shared.events.data import JobResized
+from shared.events.types import CapacityClass
+
+OPPORTUNISTIC_PRIORITY = 0
+"""Below any job's own priority (1-9 are the users'; 0 too, placed after them by age)."""
+
+
+def growth_demand_id(job_id: str, worker: int) -> str:
+    """The demand for the `worker`-th missing worker of a running job (0 is the first)."""
+    return f"{job_id}.grow-{worker}"
+
+
+def is_growth_of(demand_id: str, job_id: str) -> bool:
+    head, _, worker = demand_id.rpartition(".grow-")
+    return head == job_id and worker.isdigit()
+
+
+def is_growth(demand_id: str) -> bool:
+    head, _, worker = demand_id.rpartition(".grow-")
+    return bool(head) and worker.isdigit()
+
+
+def served(in_room: Iterable[str]) -> list[str]:
+    """The growth demands the nodes have room for now: done with, since the attempt's
+    own Ray Train takes that room when it next resizes (held on, they would buy another
+    node while it does, its room taken by the workers the demand stands for)."""
+    return [demand_id for demand_id in in_room if is_growth(demand_id)]
+
+
+@dataclass(frozen=True)
+class Growth:
+    wanted: tuple[Demand, ...]
+    """A demand per missing worker."""
+    withdrawn: tuple[str, ...]
+    """The demand ids of workers it no longer misses."""
+
+
+def growth(resized: JobResized, at: datetime) -> Growth:
+    """The demand for the workers the attempt misses now, and what to withdraw."""
+    below_min = max(resized.min_workers - resized.workers, 0)
+    opportunistic = max(resized.max_workers - max(resized.workers, resized.min_workers), 0)
+    if resized.capacity is CapacityClass.ON_DEMAND:
+        opportunistic = 0
+    wanted: list[Demand] = []
+    for k in range(below_min + opportunistic):
+        needed = k < below_min
+        wanted.append(
+            Demand(
+                job_id=growth_demand_id(resized.job_id, k),
+                attempt=resized.attempt,
+                bundles=(resized.worker,),
+                capacity=resized.capacity if needed else CapacityClass.SPOT,
+                priority=resized.priority if needed else OPPORTUNISTIC_PRIORITY,
+                queued_at=at,
+            )
+        )
+    withdrawn = tuple(
+        growth_demand_id(resized.job_id, k) for k in range(len(wanted), resized.max_workers)
+    )
+    return Growth(wanted=tuple(wanted), withdrawn=withdrawn)

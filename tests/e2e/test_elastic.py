@@ -1,0 +1,120 @@
+"""Issue 18 end to end on the local stack: an elastic PyTorch DDP job (`--workers 2..4`,
+Ray Train's TorchTrainer, a real gloo allreduce) on real `ray start` spot nodes. It starts
+on the 2 workers its gang needs, the scaler finds spot room for the other 2 and Ray Train
+takes it; a node with 2 of its workers is preempted with a notice: the workers save a
+checkpoint at once, the job goes on with 2 workers in the same attempt, from that
+checkpoint, and grows back to 4 once the scaler has replaced the node.
+
+The workers ask for CPUs only: the local nodes declare GPUs they do not have, and DDP on a
+declared GPU would look for CUDA (NCCL). The spot pool's nodes hold 2 workers each."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from shared.client import SpotrainClient
+from shared.events import Event
+from shared.events.data import JobProgress, JobResized, ResizeReason
+from shared.jobs import JobRecord
+from shared.messaging import BusSettings
+from shared.resources import NODE_LABEL
+from tests.e2e.stack import prometheus_url, query_range, spotrain
+from tests.helm.dashboards import NEEDS_MULTI_NODE_JOB, dashboard_files, load, panel_queries
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(480)]
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+async def _history(env: dict[str, str], job_id: str) -> tuple[JobRecord | None, list[Event[Any]]]:
+    settings = BusSettings(nats_url=env["SPOTRAIN_NATS_URL"])
+    async with await SpotrainClient.connect(settings) as client:
+        return await client.job(job_id), await client.history(job_id)
+
+
+def resizes(events: list[Event[Any]]) -> list[JobResized]:
+    return [e.data for e in events if isinstance(e.data, JobResized)]
+
+
+def worker_nodes(env: dict[str, str]) -> list[str]:
+    """The local nodes that hold the job's Ray Train workers, as Ray's state API says."""
+    from ray.util.state import list_actors, list_nodes  # noqa: PLC0415  # slow to import
+
+    address = f"http://127.0.0.1:{env['SPOTRAIN_LOCAL_RAY_DASHBOARD_PORT']}"
+    alive: list[tuple[str, str, str | bool | int | float]] = [
+        ("class_name", "=", "RayTrainWorker"),
+        ("state", "=", "ALIVE"),
+    ]
+    held = {a.node_id for a in list_actors(address=address, filters=alive)}
+    names = {n.node_id: n.labels.get(NODE_LABEL) for n in list_nodes(address=address)}
+    return sorted(name for node_id, name in names.items() if node_id in held and name)
+
+
+def wait_for(env: dict[str, str], job_id: str, what: str, ok: Any, timeout_s: float) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        record, events = asyncio.run(_history(env, job_id))
+        if ok(record, events):
+            return record, events
+        assert record is None or record.is_active, f"{job_id} ended: {record}"
+        assert time.monotonic() < deadline, f"{job_id}: no {what}: {resizes(events)}"
+        time.sleep(0.5)
+
+
+def test_a_preempted_worker_node_costs_an_elastic_job_no_attempt_and_no_step(
+    local_stack: dict[str, str],
+) -> None:
+    began = time.time()
+    submitted = spotrain(
+        local_stack, "submit", "train_ddp.py", "--workdir", str(EXAMPLES),
+        "--workers", "2..4", "--gpus", "0", "--cpus", "1", "--spot",
+        "--", "--steps", "4000", "--step-delay-s", "0.05", "--checkpoint-every", "100",
+    )  # fmt: skip
+    assert submitted.returncode == 0, submitted.stderr
+    job_id = submitted.stdout.split()[-1]
+    try:
+        # Its gang first, then the opportunistic workers on a second spot node.
+        wait_for(
+            local_stack, job_id, "growth to 4 workers",
+            lambda _, events: any(r.workers == 4 for r in resizes(events)), timeout_s=240,
+        )  # fmt: skip
+        [node, *_] = worker_nodes(local_stack)
+        preempted = spotrain(local_stack, "preempt", node, "--notice", "5s")
+        assert preempted.returncode == 0, preempted.stderr
+        record, events = wait_for(
+            local_stack, job_id, "shrink and growth back",
+            lambda _, events: [r.workers for r in resizes(events)][-2:] == [2, 4]
+            and any(r.reason is ResizeReason.SHRANK for r in resizes(events)),
+            timeout_s=240,
+        )  # fmt: skip
+    finally:
+        spotrain(local_stack, "cancel", job_id)
+    assert record is not None
+    assert len(record.attempts) == 1, "the same attempt throughout"
+    counts = [(r.previous, r.workers, r.reason.value) for r in resizes(events)]
+    assert counts[:3] == [(None, 2, "counted"), (2, 4, "grew"), (4, 2, "shrank")], counts
+    # The step it went on from, against the last step the group reached before (since the
+    # resize that started that group: each resize starts from a checkpoint).
+    at = next(
+        i
+        for i, e in enumerate(events)
+        if isinstance(e.data, JobResized) and e.data.reason is ResizeReason.SHRANK
+    )
+    group = max(i for i, e in enumerate(events[:at]) if isinstance(e.data, JobResized))
+    reached = max(e.data.step for e in events[group:at] if isinstance(e.data, JobProgress))
+    went_on_from = events[at].data.step
+    assert went_on_from is not None
+    assert reached - went_on_from <= 1, (reached, went_on_from)
+
+    # The dashboards' worker panels have the run to draw.
+    url = prometheus_url(local_stack)
+    for path in dashboard_files():
+        for title, promql in panel_queries(load(path)):
+            if title in NEEDS_MULTI_NODE_JOB:
+                series = query_range(url, promql, began, time.time())
+                assert any(s["values"] for s in series), f"{path.stem} / {title}: {promql}"
