@@ -186,10 +186,13 @@ class Run:
         raise RuntimeError(f"no final loss in {self.log}")
 
 
-def progress(uri: str) -> tuple[int, int | None]:
+def progress(uri: str, attempt: int = 1) -> tuple[int, int | None]:
+    """The step and worker count the attempt last reported; (0, None) before it has."""
     try:
         report = json.loads(Path(uri.removeprefix("file://"), "progress.json").read_text())
     except (OSError, ValueError):
+        return 0, None
+    if report["attempt"] != attempt:
         return 0, None
     return int(report["step"]), report.get("workers")
 
@@ -229,9 +232,10 @@ def run_case(case: Case, args: argparse.Namespace) -> Figures:
                 c.add()
             attempts = 2
             run = Run(c, uri, 2, case.workers, train)
-            wait("steps again", lambda: progress(uri)[1] == 4 and progress(uri)[0] > 0)
-            went_on_from = progress(uri)[0]
-            wait("steps advancing", lambda: progress(uri)[0] > went_on_from)
+            # Its first report is the step it resumes from (the example reports at start).
+            wait("the new attempt", lambda: progress(uri, 2)[1] == 4)
+            went_on_from = progress(uri, 2)[0]
+            wait("steps advancing", lambda: progress(uri, 2)[0] > went_on_from)
             resume_s = time.monotonic() - lost_at
             regrow_s = None
         else:
@@ -278,7 +282,10 @@ def main() -> None:
         Case("(c) two nodes, no notice", "2..4", 2, 0.0),
         Case("fixed --workers 4, one node", "4", 1, 0.0),
     ]
-    results = {case.name: run_case(case, args) for case in cases}
+    results = {}
+    for case in cases:
+        results[case.name] = run_case(case, args)
+        print(f"{case.name}: {results[case.name]}", file=sys.stderr, flush=True)
     print(f"uninterrupted final loss (4 workers, seed 3): {baseline:.6f}\n")
     print(f"{'case':32} {'resume s':>9} {'lost':>5} {'new att.':>9} {'regrow s':>9} {'loss vs':>8}")
     worst = 0.0
