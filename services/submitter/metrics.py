@@ -57,7 +57,7 @@ GIVE_WAY_ASKED = Counter(
     ["cause"],
 )
 RESIZES = Counter(
-    "spotrain_job_resizes_total",
+    "spotrain_worker_resizes_total",
     "Multi-node attempts that went on with fewer workers (shrank) or took more (grew).",
     ["reason"],
 )
