@@ -50,19 +50,21 @@ class _Ended:
 
 class _Handover:
     """Messages from the client's threads to the iteration's loop. Once closed, what still
-    comes is released at once, in the client's thread, while the client can still say so."""
+    comes is kept aside, to be released with the rest once the stream is closed."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
         self.queue: asyncio.Queue[Message | BaseException | _Ended] = asyncio.Queue()
         self._lock = threading.Lock()  # a handover and the closing never cross
         self._closed = False
+        self.late: list[Message] = []
+        """Received after the close: read only once the stream is closed."""
 
     def put(self, item: Message | BaseException | _Ended) -> None:
         with self._lock:
             if self._closed:
                 if isinstance(item, Message):
-                    item.nack()
+                    self.late.append(item)
                 return
             with contextlib.suppress(RuntimeError):  # the loop is closed: nobody listens
                 self._loop.call_soon_threadsafe(self.queue.put_nowait, item)
@@ -92,8 +94,8 @@ class PubSubNoticeSource:
       that are not preemptions, or can never be read (a warning with the message id and the
       reason), are acked without a signal.
     - When the iteration ends (stop, an error, or the consumer closing it), the messages
-      received but not acked are released (nack: ack deadline 0), so another pull gets them
-      at once, and the stream is closed. A consumer that dies without closing the iteration
+      received but not acked are released (ack deadline 0) once the stream is closed, so
+      another pull gets them at once. A consumer that dies without closing the iteration
       leaves them to the subscription's ack deadline: at least once.
     - A stream that fails for good (the subscription missing, credentials refused) ends the
       iteration with `PubSubError` (an `OSError`); the runtime starts the source again.
@@ -165,13 +167,35 @@ class PubSubNoticeSource:
                 if waiting is not None:
                     waiting.cancel()
             held += await handover.close()
-            for message in held:
-                message.nack()
-            if held:
-                log.debug("pubsub.released", subscription=self._subscription, messages=len(held))
-            stream.cancel()  # flushes the acks and releases above, then closes the stream
+            stream.cancel()  # flushes the acks above, stops the leases, closes the stream
             with contextlib.suppress(Exception):
                 await asyncio.to_thread(stream.result, timeout=self._close_timeout_s)
+            # Released only now: a release while the stream was open could come straight
+            # back on it, and stay leased to a stream that is going.
+            await self._release(held + handover.late)
+
+    async def _release(self, messages: list[Message]) -> None:
+        """Ack deadline 0 for `messages`, so another pull gets them at once; on failure
+        they come back at their lease's end instead."""
+        if not messages:
+            return
+        try:
+            await asyncio.to_thread(
+                self._client.modify_ack_deadline,
+                subscription=self._subscription,
+                ack_ids=[message.ack_id for message in messages],
+                ack_deadline_seconds=0,
+                timeout=self._close_timeout_s,
+            )
+        except (GoogleAPIError, GoogleAuthError) as error:
+            log.warning(
+                "pubsub.release_failed",
+                subscription=self._subscription,
+                messages=len(messages),
+                reason=str(error),
+            )
+            return
+        log.debug("pubsub.released", subscription=self._subscription, messages=len(messages))
 
     def _read(self, received: Message) -> NodeSignal | None:
         try:
