@@ -70,6 +70,9 @@ class Attempt(Frozen):
     """The nodes it runs on, as far as Ray told (its driver's node)."""
     workers: int | None = None
     """How many workers a multi-node attempt has now, as its training last reported."""
+    worker_nodes: tuple[str, ...] = ()
+    """The nodes that hold a multi-node attempt's workers, one per worker, as Ray last
+    said (the last `job.resized`)."""
     pool: str | None = None
     capacity: CapacityClass | None = None
     """The capacity it was pinned to, when the checkpointer moved it off the requested one."""

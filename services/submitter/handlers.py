@@ -284,7 +284,10 @@ async def _record_progress(
 ) -> tuple[JobRecord, Revision] | None:
     """The attempt's latest report, recorded and published once; None if the record moved."""
     report = await deps.progress.latest(_checkpoint_uri(record, deps))
-    progressed = policy.on_progress(record, report, deps.clock.now())
+    nodes = None
+    if (attempt := record.current) is not None and policy.wants_worker_nodes(record, report):
+        nodes = await deps.ray.worker_nodes(attempt.submission_id)
+    progressed = policy.on_progress(record, report, deps.clock.now(), worker_nodes=nodes)
     new_revision = await _apply(progressed, revision, deps)
     return None if new_revision is None else (progressed.record, new_revision)
 

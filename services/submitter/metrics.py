@@ -80,7 +80,7 @@ def declare() -> None:
         FINISHED.labels(state.value)
     for cause in InterruptionCause:
         ATTEMPTS_LOST.labels(cause.value)
-    for reason in (ResizeReason.SHRANK, ResizeReason.GREW):
+    for reason in (ResizeReason.SHRANK, ResizeReason.GREW, ResizeReason.MOVED):
         RESIZES.labels(reason.value)
 
 

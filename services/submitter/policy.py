@@ -595,11 +595,43 @@ def _failed(  # on_ray_status's inputs, passed on
     )
 
 
-def on_progress(record: JobRecord, report: ProgressReport | None, now: datetime) -> Transition:
+def is_multi_node(record: JobRecord) -> bool:
+    request = record.request
+    return request.num_workers > 1 or (request.max_workers or 0) > 1
+
+
+def wants_worker_nodes(record: JobRecord, report: ProgressReport | None) -> bool:
+    """Whether this report is worth asking Ray where a multi-node attempt's workers are:
+    before the first count, and whenever its group may have restarted (a new count, or
+    the step went back). Not on every step: Ray's state API is not free."""
+    attempt = record.current
+    if (
+        report is None
+        or attempt is None
+        or attempt.state is not AttemptState.RUNNING
+        or report.attempt != attempt.number
+        or not is_multi_node(record)
+    ):
+        return False
+    return (
+        attempt.workers is None
+        or (report.workers is not None and report.workers != attempt.workers)
+        or (attempt.step is not None and report.step < attempt.step)
+    )
+
+
+def on_progress(
+    record: JobRecord,
+    report: ProgressReport | None,
+    now: datetime,
+    *,
+    worker_nodes: tuple[str, ...] | None = None,
+) -> Transition:
     """Training reported a step: publish it once, for the attempt that is running now; and
-    when a multi-node attempt reports a new number of workers, that it was resized. Ray
-    Train resizes by restarting the group from its latest checkpoint: the step may go back,
-    and the attempt is at that step from then on."""
+    when a multi-node attempt has a new number of workers (as its training reports, else as
+    many as `worker_nodes`, where Ray says they are), or the same number on other nodes,
+    that it was resized. Ray Train resizes by restarting the group from its latest
+    checkpoint: the step may go back, and the attempt is at that step from then on."""
     attempt = record.current
     if (
         report is None
@@ -608,7 +640,11 @@ def on_progress(record: JobRecord, report: ProgressReport | None, now: datetime)
         or report.attempt != attempt.number
     ):
         return Transition(Reason.UNCHANGED, record)
-    resized = report.workers is not None and report.workers != attempt.workers
+    workers = report.workers
+    if workers is None and worker_nodes and is_multi_node(record):
+        workers = len(worker_nodes)
+    moved = bool(worker_nodes) and worker_nodes != attempt.worker_nodes
+    resized = workers is not None and (workers != attempt.workers or moved)
     if attempt.step is not None and report.step <= attempt.step and not resized:
         return Transition(Reason.UNCHANGED, record)
     # Events carry finite numbers under well-formed names; a NaN loss stays in the file.
@@ -618,15 +654,15 @@ def on_progress(record: JobRecord, report: ProgressReport | None, now: datetime)
         if math.isfinite(value) and _METRIC_NAME.match(name)
     }
     eta = eta_s(attempt, report.step, report.total_steps, report.updated_at)
-    moved = attempt.model_copy(
-        update={
-            "step": report.step,
-            "metrics": metrics,
-            "total_steps": report.total_steps,
-            "eta_s": eta,
-            "workers": report.workers if resized else attempt.workers,
-        }
-    )
+    nodes = worker_nodes or ()
+    update: dict[str, object] = {
+        "step": report.step,
+        "metrics": metrics,
+        "total_steps": report.total_steps,
+        "eta_s": eta,
+    }
+    if resized:
+        update |= {"workers": workers, "worker_nodes": nodes}
     progress = JobProgress(
         job_id=record.job_id,
         attempt=attempt.number,
@@ -637,20 +673,27 @@ def on_progress(record: JobRecord, report: ProgressReport | None, now: datetime)
     )
     facts = [Fact(f"progress-{record.job_id}-{attempt.number}-{report.step}", progress)]
     if resized:
-        assert report.workers is not None
-        facts.insert(0, _resized(record, attempt, report.workers, report.step))
+        assert workers is not None
+        facts.insert(0, _resized(record, attempt, workers, report.step, nodes))
     return Transition(
-        Reason.PROGRESSED, _with_attempt(record, moved, record.state, now), tuple(facts)
+        Reason.PROGRESSED,
+        _with_attempt(record, attempt.model_copy(update=update), record.state, now),
+        tuple(facts),
     )
 
 
-def _resized(record: JobRecord, attempt: Attempt, workers: int, step: int) -> Fact:
+def _resized(
+    record: JobRecord, attempt: Attempt, workers: int, step: int, nodes: tuple[str, ...]
+) -> Fact:
     request = record.request
     previous = attempt.workers
     if previous is None:
         reason = ResizeReason.COUNTED
+    elif workers == previous:
+        reason = ResizeReason.MOVED
     else:
         reason = ResizeReason.GREW if workers > previous else ResizeReason.SHRANK
+    went_back = attempt.step is not None and step < attempt.step
     resized = JobResized(
         job_id=record.job_id,
         attempt=attempt.number,
@@ -663,6 +706,8 @@ def _resized(record: JobRecord, attempt: Attempt, workers: int, step: int) -> Fa
         capacity=attempt.capacity or request.capacity,
         priority=request.priority,
         step=step,
+        nodes=nodes,
+        steps_lost=attempt.step - step if went_back and attempt.step is not None else 0,
     )
     key = f"resized-{record.job_id}-{attempt.number}-{previous or 0}-{workers}-{step}"
     return Fact(key, resized)

@@ -52,6 +52,11 @@ class RayJobs(Protocol):
         """Ask Ray to stop an attempt; a no-op for one that ended or is unknown."""
         ...
 
+    async def worker_nodes(self, submission_id: str) -> tuple[str, ...] | None:
+        """The nodes that hold an attempt's Ray Train workers now, one per worker, sorted;
+        None when Ray cannot say (its state API is down, the attempt is unknown)."""
+        ...
+
 
 class ProgressReader(Protocol):
     """Progress that training code writes beside its checkpoints (`shared.training`)."""

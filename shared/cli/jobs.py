@@ -596,7 +596,8 @@ def _resize_text(data: EventData) -> str:
         return ""
     if data.previous is None:
         return f": {data.workers} workers"
-    return f": {data.previous} → {data.workers} workers ({data.reason.value})"
+    lost = f", {data.steps_lost} steps lost" if data.steps_lost else ""
+    return f": {data.previous} → {data.workers} workers ({data.reason.value}{lost})"
 
 
 def eta_text(eta_s: float | None) -> str:

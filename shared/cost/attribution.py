@@ -4,8 +4,10 @@ Every node-second of the window is attributed exactly once, in exact rational ar
 (so that the parts add up to the bill to the last fraction of a cent):
 
 - to the attempts that held the node's resources at that second, by their share of the
-  node: GPUs on a GPU node, CPUs on a CPU-only node (an attempt that holds no GPU on a GPU
-  node is not charged: the GPUs are what the node is paid for);
+  node: GPUs on a GPU node, CPUs on a CPU-only node. While some attempt holds GPUs on a
+  GPU node, one that holds none there is not charged (the GPUs are what the node is paid
+  for); while only CPU work holds it, that work shares it by CPUs: it is what keeps the
+  node up (an elastic job's CPU workers on the local stack's GPU-declaring nodes);
 - the rest to the node's pool as idle.
 
 If the holds on a node ever add up to more than the node has (late or missing end events,
@@ -19,7 +21,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from fractions import Fraction
 from itertools import pairwise
@@ -27,6 +29,7 @@ from itertools import pairwise
 from shared.events.types import CapacityClass
 
 ZERO = Fraction(0)
+ONE = Fraction(1)
 _SECONDS_PER_HOUR = 3600
 _MICROSECOND = timedelta(microseconds=1)
 
@@ -178,7 +181,9 @@ def attribute(
 class _Tally:
     node_seconds: Fraction = ZERO
     gpu_seconds: Fraction = ZERO
-    waste_fraction: Fraction = ZERO
+    wasted_node_seconds: Fraction = ZERO
+    """Its node-seconds lost to preemptions: an attempt's holds on one node may differ
+    (an elastic attempt's segments)."""
 
 
 @dataclass
@@ -186,7 +191,6 @@ class _Clipped:
     hold: Hold
     start: datetime
     end: datetime
-    units: Fraction = field(default=ZERO)
 
 
 def _attribute_node(
@@ -196,30 +200,34 @@ def _attribute_node(
     hi = min(node.end or node.seen_until or end, end)
     if hi <= lo:
         return None, []
-    by_gpu = node.gpus > 0
-    capacity = Fraction(node.gpus) if by_gpu else exact(node.cpus)
     clipped = []
     for hold in holds:
         a, b = max(hold.start, lo), min(hold.end or hi, hi)
-        units = Fraction(hold.gpus) if by_gpu else exact(hold.cpus)
-        if b > a and units > 0:
-            clipped.append(_Clipped(hold, a, b, units))
+        if b > a and (hold.gpus > 0 or hold.cpus > 0):
+            clipped.append(_Clipped(hold, a, b))
     tallies: dict[tuple[str, int], _Tally] = defaultdict(_Tally)
     idle = _Tally()
     cuts = sorted({lo, hi, *(c.start for c in clipped), *(c.end for c in clipped)})
     for t0, t1 in pairwise(cuts):
         span = seconds(t1 - t0)
         active = [c for c in clipped if c.start <= t0 and c.end >= t1]
-        held = sum((c.units for c in active), ZERO)
+        # Shared by GPUs where anything holds them; a GPU node that only CPU work holds
+        # (or a CPU node) is shared by CPUs: that work is what keeps it up.
+        by_gpu = node.gpus > 0 and any(c.hold.gpus > 0 for c in active)
+        capacity = Fraction(node.gpus) if by_gpu else exact(node.cpus)
+        units = {id(c): Fraction(c.hold.gpus) if by_gpu else exact(c.hold.cpus) for c in active}
+        held = sum(units.values(), ZERO)
         whole = max(capacity, held)
         if whole == 0:  # a node with nothing to share is all idle
             idle.node_seconds += span
+            idle.gpu_seconds += span * node.gpus
             continue
         for c in active:
             tally = tallies[(c.hold.job_id, c.hold.attempt)]
-            tally.node_seconds += span * c.units / whole
-            tally.gpu_seconds += span * node.gpus * c.units / whole
-            tally.waste_fraction = max(tally.waste_fraction, c.hold.waste_fraction)
+            share = span * units[id(c)] / whole
+            tally.node_seconds += share
+            tally.gpu_seconds += share * node.gpus
+            tally.wasted_node_seconds += share * min(max(c.hold.waste_fraction, ZERO), ONE)
         idle.node_seconds += span * (whole - held) / whole
         idle.gpu_seconds += span * node.gpus * (whole - held) / whole
 
@@ -238,7 +246,7 @@ def _attribute_node(
             gpu_seconds=tally.gpu_seconds,
             cost_usd=cost,
             on_demand_usd=tally.node_seconds * on_demand,
-            waste_usd=cost * min(max(tally.waste_fraction, ZERO), Fraction(1)),
+            waste_usd=tally.wasted_node_seconds * price,
         )
 
     charges = [charge(job, attempt, tally) for (job, attempt), tally in tallies.items()]

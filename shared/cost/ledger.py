@@ -7,11 +7,16 @@ events and says what time it is.
   sightings are given, up to the last time it was seen alive (never past it: it may have
   stopped unrecorded since).
 - An attempt holds, from its `job.started` to its end, its bundle on each node
-  `job.started` names, in order (Ray reports the driver's node: a multi-node job's other
-  workers are not known to sit anywhere, so their nodes' seconds stay idle). The bundle is
-  the attempt's `job.queued` one, else the request's worker. It ends at the first of its
+  `job.started` names, in order (Ray reports the driver's node). The bundle is the
+  attempt's `job.queued` one, else the request's worker. It ends at the first of its
   `job.succeeded/failed/interrupted`, `job.cancelled`, the next attempt's `job.resumed`
   or `job.started`; and never after its node.
+- A multi-node attempt with a `job.resized` holds its workers' nodes instead (its driver
+  asks for nothing): one worker bundle on each node a `job.resized` names, from that
+  resize to the next (the first from `job.started`: the attempt had its workers placed
+  since it started) or the attempt's end. A resize that went back `steps_lost` steps
+  turns that part of the segment before it to waste, on every node of it: all the group
+  redoes those steps, not only the worker that went.
 - An attempt is preempted when it was interrupted, when the next attempt resumed it, or
   when its node was lost while it ran (and it did not succeed). Its lost work is counted
   by steps, the checkpointer's own measure: `steps_lost` of the next attempt's
@@ -38,6 +43,7 @@ from shared.events.data import (
     JobInterrupted,
     JobQueued,
     JobRequested,
+    JobResized,
     JobResumed,
     JobStarted,
     JobSucceeded,
@@ -57,6 +63,7 @@ COST_EVENTS: tuple[type[EventData], ...] = (
     JobCancelled,
     JobInterrupted,
     JobResumed,
+    JobResized,
     NodeLaunched,
     NodeReleased,
     NodeLost,
@@ -174,6 +181,7 @@ class CostFold:
         self.resumed: dict[AttemptKey, JobResumed] = {}
         self.resumed_at: dict[AttemptKey, datetime] = {}
         self.cancelled: dict[str, datetime] = {}
+        self.resized: dict[AttemptKey, dict[tuple[object, ...], tuple[datetime, JobResized]]] = {}
 
     def add(self, event: Event[Any]) -> None:  # noqa: PLR0912  # one branch per event type
         data, at = event.data, event.time
@@ -206,6 +214,9 @@ class CostFold:
             key = (data.job_id, data.attempt)
             self.resumed.setdefault(key, data)
             self.resumed_at.setdefault(key, at)
+        elif isinstance(data, JobResized):
+            once = (data.previous, data.workers, data.step, data.nodes)
+            self.resized.setdefault((data.job_id, data.attempt), {}).setdefault(once, (at, data))
         elif isinstance(data, JobCancelled):
             if data.attempt is None:
                 self.cancelled[data.job_id] = min(self.cancelled.get(data.job_id, at), at)
@@ -255,8 +266,10 @@ class CostFold:
             self.started.get((job_id, attempt + 1), (None, None))[0],
         ]
         end = min((e for e in ends if e is not None and e >= start), default=None)
-        bundles = self.queued.get(key) or self._requested_bundles(job_id)
         lost = self._lost(key, started.nodes, start, end)
+        if key in self.resized:
+            return self._worker_holds(key, start, end, lost=lost)
+        bundles = self.queued.get(key) or self._requested_bundles(job_id)
         waste = self._waste_fraction(key) if lost else ZERO
         return [
             Hold(
@@ -271,6 +284,52 @@ class CostFold:
             )
             for node, bundle in zip(started.nodes, bundles, strict=False)
         ]
+
+    def _worker_holds(
+        self, key: AttemptKey, start: datetime, end: datetime | None, *, lost: bool
+    ) -> list[Hold]:
+        """A multi-node attempt's holds, segment by segment between its resizes."""
+        resizes = sorted(self.resized[key].values(), key=lambda timed: timed[0])
+        holds = []
+        for i, (at, resized) in enumerate(resizes):
+            since = start if i == 0 else max(at, start)
+            following = resizes[i + 1] if i + 1 < len(resizes) else None
+            until = following[0] if following is not None else None
+            if end is not None:
+                until = end if until is None else min(until, end)
+            if until is not None and until <= since:
+                continue
+            from_step = resized.step or 0
+            if following is not None:
+                waste = _part_lost(following[1].steps_lost, following[1].step or 0, from_step)
+            elif lost:
+                waste = self._segment_waste(key, from_step)
+            else:
+                waste = ZERO
+            holds += [
+                Hold(
+                    job_id=key[0],
+                    attempt=key[1],
+                    node=node,
+                    gpus=resized.worker.gpus,
+                    cpus=resized.worker.cpus,
+                    start=since,
+                    end=until,
+                    waste_fraction=waste,
+                )
+                for node in resized.nodes
+            ]
+        return holds
+
+    def _segment_waste(self, key: AttemptKey, from_step: int) -> Fraction:
+        """The part of an attempt's last segment lost with the attempt."""
+        resumed = self.resumed.get((key[0], key[1] + 1))
+        if resumed is None:
+            return Fraction(1)
+        ran = resumed.from_step + resumed.steps_lost - from_step
+        if ran <= 0:
+            return Fraction(1)  # as for any lost attempt: it ran no step, all is lost
+        return min(Fraction(resumed.steps_lost, ran), Fraction(1))
 
     def _requested_bundles(self, job_id: str) -> tuple[Bundle, ...]:
         request = self.requested.get(job_id)
@@ -301,6 +360,15 @@ class CostFold:
         if ran <= 0:
             return Fraction(1)
         return min(Fraction(resumed.steps_lost, ran), Fraction(1))
+
+
+def _part_lost(steps_lost: int, resumed_at: int, from_step: int) -> Fraction:
+    """What part of a stretch that ran from `from_step` was lost, when the run went back
+    `steps_lost` steps to `resumed_at`."""
+    if steps_lost <= 0:
+        return ZERO
+    ran = resumed_at + steps_lost - from_step
+    return Fraction(1) if ran <= 0 else min(Fraction(steps_lost, ran), Fraction(1))
 
 
 def _node_life(

@@ -278,6 +278,9 @@ class ResizeReason(StrEnum):
     """It goes on with fewer workers: a node went, with or without notice."""
     GREW = "grew"
     """Capacity came back and Ray Train took it."""
+    MOVED = "moved"
+    """As many workers as before, on other nodes: Ray Train restarted its group after a
+    loss, and other room was there at once."""
 
 
 class JobResized(EventData):
@@ -303,6 +306,11 @@ class JobResized(EventData):
     priority: Annotated[int, Field(ge=0, le=9)] = 5
     step: Step | None = None
     """The step it reported with the new count."""
+    nodes: Annotated[tuple[Name, ...], Field(max_length=256)] = ()
+    """The nodes that hold its workers from now on, one per worker, as Ray's state API
+    says; empty where it could not say. What cost charges the attempt for."""
+    steps_lost: Step = 0
+    """The steps the restart went back: the work since the group's latest checkpoint."""
 
 
 class JobSucceeded(EventData):

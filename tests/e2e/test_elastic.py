@@ -32,6 +32,13 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(480)]
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
+async def _charged_nodes(env: dict[str, str], job_id: str) -> set[str]:
+    settings = BusSettings(nats_url=env["SPOTRAIN_NATS_URL"])
+    async with await SpotrainClient.connect(settings) as client:
+        charges = (await client.costs()).attribution.charges
+    return {c.node for c in charges if c.job_id == job_id and c.cost_usd > 0}
+
+
 async def _history(env: dict[str, str], job_id: str) -> tuple[JobRecord | None, list[Event[Any]]]:
     settings = BusSettings(nats_url=env["SPOTRAIN_NATS_URL"])
     async with await SpotrainClient.connect(settings) as client:
@@ -68,7 +75,9 @@ def wait_for(env: dict[str, str], job_id: str, what: str, ok: Any, timeout_s: fl
         if ok(record, events):
             return record, events
         assert record is None or record.is_active, f"{job_id} ended: {record}"
-        assert time.monotonic() < deadline, f"{job_id}: no {what}: {resizes(events)}"
+        if time.monotonic() >= deadline:
+            top = spotrain(env, "top", "--once").stdout  # what the scaler saw, for the reader
+            pytest.fail(f"{job_id}: no {what}: {resizes(events)}\n{top}")
         time.sleep(0.5)
 
 
@@ -90,6 +99,10 @@ def test_a_preempted_worker_node_costs_an_elastic_job_no_attempt_and_no_step(
             lambda _, events: any(r.workers == 4 for r in resizes(events)), timeout_s=240,
         )  # fmt: skip
         holding = worker_nodes(local_stack)
+        _, events = asyncio.run(_history(local_stack, job_id))
+        on_four = next(r for r in resizes(events) if r.workers == 4)
+        # Where the submitter says the 4 workers are is where Ray has them.
+        assert (len(on_four.nodes), sorted(set(on_four.nodes))) == (4, holding), on_four
         # A spot node another test of the shared stack left idle would take the going
         # workers' place at once, and the job would not shrink: those go first.
         for idle in set(spot_nodes(local_stack)) - set(holding):
@@ -124,6 +137,14 @@ def test_a_preempted_worker_node_costs_an_elastic_job_no_attempt_and_no_step(
     went_on_from = events[at].data.step
     assert went_on_from is not None
     assert reached - went_on_from <= 1, (reached, went_on_from)
+    shrank = events[at].data
+    assert isinstance(shrank, JobResized)
+    assert len(shrank.nodes) == 2, shrank
+    assert holding[0] not in shrank.nodes, "the preempted node holds no worker any more"
+    assert shrank.steps_lost == max(0, reached - went_on_from)
+    # Cost charges the attempt for every node its workers held, the preempted one too.
+    charged = asyncio.run(_charged_nodes(local_stack, job_id))
+    assert set(holding) | set(resizes(events)[-1].nodes) <= charged, charged
 
     # The dashboards' worker panels have the run to draw.
     url = prometheus_url(local_stack)

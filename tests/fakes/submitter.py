@@ -62,6 +62,9 @@ class FakeRay:
         self.submitted: list[tuple[SubmissionPlan, Path | None]] = []
         self.statuses: dict[str, RayJobStatus] = {}
         self.stopped: list[str] = []
+        self.workers: dict[str, tuple[str, ...]] = {}
+        """Submission id -> the nodes its Ray Train workers are on, as a test sets them."""
+        self.worker_lookups: list[str] = []
 
     async def submit(self, plan: SubmissionPlan, working_dir: Path | None) -> None:
         if plan.submission_id in self.statuses:
@@ -71,6 +74,10 @@ class FakeRay:
 
     async def status(self, submission_id: str) -> RayJobStatus | None:
         return self.statuses.get(submission_id)
+
+    async def worker_nodes(self, submission_id: str) -> tuple[str, ...] | None:
+        self.worker_lookups.append(submission_id)
+        return self.workers.get(submission_id)
 
     async def stop(self, submission_id: str) -> None:
         self.stopped.append(submission_id)

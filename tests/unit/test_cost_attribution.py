@@ -115,8 +115,14 @@ HOUR_END = T0 + HOUR
         pytest.param(
             [node()],
             [hold("job-cpu", gpus=0, cpus=4)],
-            {None: Fraction("3.6")},
-            id="no-gpu-on-a-gpu-node-is-not-charged",
+            {"job-cpu": Fraction("1.8"), None: Fraction("1.8")},
+            id="cpu-work-alone-on-a-gpu-node-by-cpu-share",
+        ),
+        pytest.param(
+            [node()],
+            [hold("job-cpu", gpus=0, cpus=4), hold("job-a", gpus=1, start=30)],
+            {"job-cpu": Fraction("0.9"), "job-a": Fraction("0.9"), None: Fraction("1.8")},
+            id="cpu-work-pays-nothing-while-gpus-are-held",
         ),
         pytest.param(
             [node(start=10, end=40)],

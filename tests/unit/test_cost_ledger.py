@@ -16,6 +16,7 @@ from shared.events.data import (
     JobInterrupted,
     JobQueued,
     JobRequested,
+    JobResized,
     JobResumed,
     JobStarted,
     JobSucceeded,
@@ -24,6 +25,7 @@ from shared.events.data import (
     NodeReleased,
     NoticeSource,
     ReleaseReason,
+    ResizeReason,
 )
 from shared.events.types import Bundle, CapacityClass
 from tests.events import NOW
@@ -366,3 +368,110 @@ def test_json_rows_carry_the_key_and_the_four_figures() -> None:
     assert rows[-1]["pool"] == "gpu-spot"
     pools = [row.as_json(GroupBy.POOL) for row in cost_rows(result, GroupBy.POOL)]
     assert {p["pool"]: p["idle_usd"] for p in pools} == {"gpu-on-demand": 0.295, "gpu-spot": 0.06}
+
+
+def resized(
+    at: float, previous: int | None, workers: int, nodes: tuple[str, ...], *, step: int, lost: int
+) -> Event[Any]:
+    reason = "counted" if previous is None else ("grew" if workers > previous else "shrank")
+    return ev(
+        JobResized(
+            job_id="job-e",
+            attempt=1,
+            workers=workers,
+            previous=previous,
+            min_workers=2,
+            max_workers=3,
+            reason=ResizeReason(reason),
+            worker=Bundle(gpus=1),
+            capacity=CapacityClass.SPOT,
+            step=step,
+            nodes=nodes,
+            steps_lost=lost,
+        ),
+        at,
+    )
+
+
+def elastic_story(*tail: Event[Any]) -> list[Event[Any]]:
+    """job-e (2..3 workers of 1 GPU) starts at 100, its driver on the head (no bill);
+    its workers are on w-1..w-3 (1 GPU each, $0.72/h: $0.0002 a second, up 0-800 but
+    w-3, lost at 400). Its group restarts on 2 at 410, back 10 of the 50 steps it ran."""
+    return [
+        *(launched(node, 0, gpus=1) for node in ("w-1", "w-2", "w-3")),
+        ev(
+            JobRequested(
+                job_id="job-e",
+                owner="erin",
+                entrypoint=("python", "train_ddp.py"),
+                worker=Bundle(gpus=1),
+                num_workers=2,
+                max_workers=3,
+            ),
+            0,
+        ),
+        started("job-e", 1, "head", 100),
+        resized(110, None, 3, ("w-1", "w-2", "w-3"), step=0, lost=0),
+        ev(NodeLost(node="w-3", source=NoticeSource.LOCAL, lost_at=t(400)), 401),
+        resized(410, 3, 2, ("w-1", "w-2"), step=40, lost=10),
+        *tail,
+        *(
+            ev(
+                NodeReleased(
+                    node=node, pool="gpu-spot", reason=ReleaseReason.SCALED_DOWN, released_at=t(800)
+                ),
+                800,
+            )
+            for node in ("w-1", "w-2")
+        ),
+    ]
+
+
+def test_an_elastic_attempt_is_charged_for_every_worker_node_it_held() -> None:
+    """Until 410 it holds w-1 and w-2 (310 s each) and w-3 up to its loss (300 s): $0.184,
+    a fifth of it lost (10 of the 50 steps, redone by the whole group); then w-1 and w-2
+    to its end at 710 (300 s each): $0.12. The rest of the $0.40 bill is idle."""
+    events = elastic_story(ev(JobSucceeded(job_id="job-e", attempt=1), 710))
+    rows = figures(GroupBy.JOB, events=events)
+    cost, gpu_hours, waste, _ = rows["job-e"]
+    assert (cost, waste) == (F("0.304"), F("0.0368"))
+    assert gpu_hours == F(920 + 600, 3600)
+    assert sum(row[0] for row in rows.values()) == F("0.40")
+
+
+def test_an_elastic_attempt_that_was_lost_wastes_only_its_last_segment_s_lost_steps() -> None:
+    """Lost at 710 and resumed from step 60 having lost 20: its last segment ran 40 to 80,
+    half of it lost; the first segment's waste stays a fifth."""
+    events = elastic_story(
+        ev(
+            JobInterrupted(
+                job_id="job-e", attempt=1, node="head", cause=InterruptionCause.PREEMPTED
+            ),
+            710,
+        ),
+        ev(
+            JobResumed(
+                job_id="job-e",
+                attempt=2,
+                from_step=60,
+                steps_lost=20,
+                capacity=CapacityClass.SPOT,
+            ),
+            711,
+        ),
+    )
+    _, _, waste, _ = figures(GroupBy.JOB, events=events)["job-e"]
+    assert waste == F("0.0368") + F("0.12") / 2
+
+
+def test_a_resize_without_the_nodes_charges_no_node_for_its_segment() -> None:
+    """Ray's state API could not say where the workers went: that stretch is idle."""
+    events = elastic_story(ev(JobSucceeded(job_id="job-e", attempt=1), 710))
+    events = [
+        e.model_copy(update={"data": e.data.model_copy(update={"nodes": ()})})
+        if isinstance(e.data, JobResized) and e.data.previous == 3
+        else e
+        for e in events
+    ]
+    cost, *_ = figures(GroupBy.JOB, events=events)["job-e"]
+    assert cost == F("0.184")

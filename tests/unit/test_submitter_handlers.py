@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -251,6 +252,35 @@ async def test_the_last_report_of_a_run_that_ended_between_passes_comes_before_i
     await track_attempts(deps)
     assert types(deps)[-2:] == ["progress", "succeeded"]
     assert dict(published(deps))["progress"].step == 60
+
+
+async def test_an_elastic_attempt_says_which_nodes_hold_its_workers_when_its_group_changes(
+    deps: Deps,
+) -> None:
+    deps = replace(deps, quotas=Quotas(max_gpus_per_job=8, max_gpus_per_owner=8))
+    await on_job_requested(job_requested("job-w", num_workers=2, max_workers=4), deps)
+    ray(deps).set("job-w-1", RayJobState.RUNNING)
+    assert isinstance(deps.progress, FakeProgress)
+    uri = "file:///checkpoints/job-w"
+    story = [
+        (10, 4, ("a", "a", "b", "b")),
+        (11, 4, ("a", "a", "b", "b")),
+        (12, 4, ("a", "a", "b", "b")),
+        (9, 2, ("b", "b")),  # a went: the group went on from the checkpoint of step 9
+    ]
+    for step, workers, nodes in story:
+        ray(deps).workers["job-w-1"] = nodes
+        deps.progress.reports[uri] = ProgressReport(
+            job_id="job-w", attempt=1, step=step, metrics={}, updated_at=NOW, workers=workers
+        )
+        await track_attempts(deps)
+    resized = [data for kind, data in published(deps) if kind == "resized"]
+    assert [(r.workers, r.nodes, r.steps_lost) for r in resized] == [
+        (4, ("a", "a", "b", "b"), 0),
+        (2, ("b", "b"), 3),
+    ]
+    # Ray was asked at the first count and at the restart, not at each step between.
+    assert ray(deps).worker_lookups == ["job-w-1", "job-w-1"]
 
 
 def resumed_event(job_id: str, attempt: int, **fields: Any) -> Any:

@@ -21,7 +21,7 @@ from services.submitter.model import (
 )
 from services.submitter.policy import Accept, Quotas, Reason, Reject
 from shared.checkpoints import ProgressReport
-from shared.events.data import JobRequested, JobResized, RejectionReason
+from shared.events.data import JobRequested, JobResized, RejectionReason, ResizeReason
 from shared.events.types import Bundle, CapacityClass
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
@@ -341,3 +341,60 @@ def test_a_resize_says_what_the_scaler_needs_and_the_step_it_went_back_to() -> N
     current = transition.record.current
     assert current is not None
     assert (current.workers, current.step) == (3, 16)
+
+
+def nodes_report(step: int, workers: int | None = None) -> ProgressReport:
+    return ProgressReport(
+        job_id="job-1", attempt=1, step=step, metrics={}, updated_at=NOW, workers=workers
+    )
+
+
+@pytest.mark.parametrize(
+    ("before", "report", "wanted"),
+    [
+        pytest.param([], nodes_report(5, 4), True, id="before-the-first-count"),
+        pytest.param([], nodes_report(5), True, id="a-script-that-does-not-count"),
+        pytest.param([nodes_report(5, 4)], nodes_report(9, 4), False, id="a-step-on"),
+        pytest.param([nodes_report(5, 4)], nodes_report(9, 3), True, id="a-new-count"),
+        pytest.param([nodes_report(9, 4)], nodes_report(5, 4), True, id="the-step-went-back"),
+    ],
+)
+def test_where_the_workers_are_is_asked_only_when_the_group_may_have_changed(
+    before: list[ProgressReport], report: ProgressReport, wanted: bool
+) -> None:
+    record = ELASTIC
+    for earlier in before:
+        record = policy.on_progress(record, earlier, NOW, worker_nodes=("w-1",) * 4).record
+    assert policy.wants_worker_nodes(record, report) is wanted
+
+
+def test_a_single_node_job_never_asks_where_its_workers_are() -> None:
+    record = policy.on_ray_status(queued_record(request(1)), status(R.RUNNING), NOW).record
+    assert policy.wants_worker_nodes(record, report(1)) is False
+
+
+def test_a_resize_names_its_workers_nodes_and_the_steps_the_restart_went_back() -> None:
+    first = policy.on_progress(ELASTIC, nodes_report(20, 3), NOW, worker_nodes=("a", "b", "c"))
+    moved = policy.on_progress(first.record, nodes_report(16, 3), NOW, worker_nodes=("a", "b", "d"))
+    [counted] = [f.data for f in first.facts if isinstance(f.data, JobResized)]
+    [resized] = [f.data for f in moved.facts if isinstance(f.data, JobResized)]
+    assert (counted.nodes, counted.steps_lost) == (("a", "b", "c"), 0)
+    # Same count, other nodes: a node went and another was there when the group restarted.
+    assert (resized.reason, resized.nodes, resized.steps_lost) == (
+        ResizeReason.MOVED,
+        ("a", "b", "d"),
+        4,
+    )
+    current = moved.record.current
+    assert current is not None
+    assert current.worker_nodes == ("a", "b", "d")
+
+
+def test_a_script_that_does_not_count_its_workers_is_counted_where_ray_says_they_are() -> None:
+    transition = policy.on_progress(ELASTIC, nodes_report(3), NOW, worker_nodes=("a", "b"))
+    [counted] = [f.data for f in transition.facts if isinstance(f.data, JobResized)]
+    assert (counted.workers, counted.reason, counted.nodes) == (2, ResizeReason.COUNTED, ("a", "b"))
+    # Ray could not say: nothing is counted, and it is asked again at the next report.
+    unknown = policy.on_progress(ELASTIC, nodes_report(3), NOW, worker_nodes=None)
+    assert not [f for f in unknown.facts if isinstance(f.data, JobResized)]
+    assert policy.wants_worker_nodes(unknown.record, nodes_report(4))

@@ -12,6 +12,9 @@ from typing import TYPE_CHECKING, Any
 from services.submitter.model import RayJobState, RayJobStatus, SubmissionPlan
 from shared.resources import NODE_LABEL, POOL_LABEL
 
+TRAIN_WORKER_CLASS = "RayTrainWorker"
+"""The actor class of each Ray Train worker (Train v2's worker group)."""
+
 if TYPE_CHECKING:
     from ray.job_submission import JobSubmissionClient
 
@@ -79,6 +82,32 @@ class RayJobSubmission:
             )
 
         return await asyncio.to_thread(status)
+
+    async def worker_nodes(self, submission_id: str) -> tuple[str, ...] | None:
+        def worker_nodes() -> tuple[str, ...] | None:
+            from ray.util.state import list_actors  # noqa: PLC0415  # see _connect
+
+            try:
+                ray_job = self._connect().get_job_info(submission_id).job_id
+                if not ray_job:
+                    return None  # its driver has not started
+                workers = list_actors(
+                    address=self._address,
+                    filters=[
+                        ("job_id", "=", ray_job),
+                        ("class_name", "=", TRAIN_WORKER_CLASS),
+                        ("state", "=", "ALIVE"),
+                    ],
+                    timeout=5,
+                )
+            except Exception:  # noqa: BLE001  # the state API is best effort; ask next time
+                return None
+            names = [self._node_of(worker.node_id)[0] for worker in workers]
+            if None in names:
+                return None  # a node without its platform name: say nothing rather than half
+            return tuple(sorted(name for name in names if name is not None))
+
+        return await asyncio.to_thread(worker_nodes)
 
     def _node_of(self, node_id: str | None) -> tuple[str | None, str | None]:
         """The `spotrain-node` and `spotrain-pool` labels the provider gave the node."""
