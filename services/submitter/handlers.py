@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 
 import structlog
 
@@ -27,7 +28,7 @@ from services.submitter.ports import (
     TeamsSource,
     Workspaces,
 )
-from shared.checkpoints import CheckpointRequest, StopAsk
+from shared.checkpoints import CheckpointRequest, ProgressReport, StopAsk
 from shared.clock import Clock
 from shared.events import Event, EventData, new_event
 from shared.events.data import (
@@ -76,6 +77,13 @@ class Deps:
     """No job gives way for other work before its attempt has run this long."""
     give_way_grace_s: float = 120.0
     """How long a job asked to give way has to checkpoint and stop before Ray stops it."""
+    workers_stalled_after_s: float = 15.0
+    """A multi-node attempt silent this long may be short of workers: Ray is asked."""
+    short_of_workers_fallback_s: float = 300.0
+    """An elastic attempt short of its MIN workers this long goes on as a new attempt."""
+    worker_check_interval_s: float = 5.0
+    worker_checks: dict[str, datetime] = field(default_factory=dict)
+    """Submission id -> when Ray was last asked for its workers by this replica."""
     pools: PoolsReader | None = None
     """Prices and owners' spend, for team budgets."""
     secrets: Secrets | None = None
@@ -228,6 +236,9 @@ async def track_attempts(deps: Deps) -> None:
                     # from the last checkpoint it wrote.
                     await deps.ray.stop(attempt.submission_id)
                 await _track(record, attempt, revision, deps)
+    live = {r.current.submission_id for r, _ in records if r.current is not None}
+    for gone in deps.worker_checks.keys() - live:
+        del deps.worker_checks[gone]
     # As read at the start of the pass: what this pass changed shows on the next.
     metrics.RECORDS.replace(metrics.record_samples(record for record, _ in records))
 
@@ -289,7 +300,38 @@ async def _record_progress(
         nodes = await deps.ray.worker_nodes(attempt.submission_id)
     progressed = policy.on_progress(record, report, deps.clock.now(), worker_nodes=nodes)
     new_revision = await _apply(progressed, revision, deps)
-    return None if new_revision is None else (progressed.record, new_revision)
+    if new_revision is None:
+        return None
+    return await _check_workers(progressed.record, new_revision, report, deps)
+
+
+async def _check_workers(
+    record: JobRecord, revision: Revision, report: ProgressReport | None, deps: Deps
+) -> tuple[JobRecord, Revision] | None:
+    """A silent multi-node attempt may be short of workers: Ray is asked (now and then)
+    how many it holds, and one short of its MIN for too long goes on as a new attempt."""
+    now = deps.clock.now()
+    attempt = record.current
+    if attempt is None or not policy.workers_stalled(
+        record, report, now, after_s=deps.workers_stalled_after_s
+    ):
+        return record, revision
+    asked = deps.worker_checks.get(attempt.submission_id)
+    if asked is not None and (now - asked).total_seconds() < deps.worker_check_interval_s:
+        return record, revision
+    deps.worker_checks[attempt.submission_id] = now
+    alive = await deps.ray.worker_nodes(attempt.submission_id)
+    transition = policy.on_workers_seen(
+        record, alive, now, fallback_after_s=deps.short_of_workers_fallback_s
+    )
+    new_revision = await _apply(transition, revision, deps)
+    if new_revision is None:
+        return None
+    if transition.reason is Reason.NODE_LOST:
+        log.info("job.short_of_workers", alive=len(alive or ()), min=record.request.num_workers)
+        deps.worker_checks.pop(attempt.submission_id, None)
+        await deps.ray.stop(attempt.submission_id)
+    return transition.record, new_revision
 
 
 _LIVE = (AttemptState.SUBMITTED, AttemptState.RUNNING)

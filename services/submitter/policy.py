@@ -463,6 +463,7 @@ class Reason(StrEnum):
     PLACED = "placed"
     RESUMED = "resumed"
     ABANDONED = "abandoned"
+    SHORT_OF_WORKERS = "short-of-workers"
 
 
 @dataclass(frozen=True)
@@ -620,6 +621,58 @@ def wants_worker_nodes(record: JobRecord, report: ProgressReport | None) -> bool
     )
 
 
+def workers_stalled(
+    record: JobRecord, report: ProgressReport | None, now: datetime, *, after_s: float
+) -> bool:
+    """A running multi-node attempt whose group ran (it was counted) and has not reported
+    for `after_s`: its group may be down, waiting for workers it cannot get. Before its
+    first count it waits for its first gang, which is the scaler's to find, not a loss."""
+    attempt = record.current
+    if (
+        attempt is None
+        or attempt.state is not AttemptState.RUNNING
+        or attempt.started_at is None
+        or attempt.workers is None
+        or not is_multi_node(record)
+    ):
+        return False
+    last = attempt.started_at
+    if report is not None and report.attempt == attempt.number:
+        last = max(last, report.updated_at)
+    return (now - last).total_seconds() >= after_s
+
+
+def on_workers_seen(
+    record: JobRecord, alive: tuple[str, ...] | None, now: datetime, *, fallback_after_s: float
+) -> Transition:
+    """Ray says how many workers a silent multi-node attempt holds (`alive`: one node per
+    live worker; None: it could not say). Fewer than its MIN since `fallback_after_s` ago:
+    Ray Train waits for room that has not come, so the attempt ends as lost
+    (`short-of-workers`) and the checkpointer takes it on from its latest checkpoint, as
+    for any lost attempt, with its budget and its fallback to on-demand."""
+    attempt = record.current
+    if alive is None or attempt is None or attempt.state is not AttemptState.RUNNING:
+        return Transition(Reason.UNCHANGED, record)
+    least = record.request.num_workers
+    if len(alive) >= least:
+        if attempt.short_of_workers_since is None:
+            return Transition(Reason.UNCHANGED, record)
+        enough = attempt.model_copy(update={"short_of_workers_since": None})
+        return Transition(Reason.SHORT_OF_WORKERS, _with_attempt(record, enough, record.state, now))
+    since = attempt.short_of_workers_since or now
+    if (now - since).total_seconds() < fallback_after_s:
+        if attempt.short_of_workers_since is not None:
+            return Transition(Reason.UNCHANGED, record)
+        short = attempt.model_copy(update={"short_of_workers_since": now})
+        return Transition(Reason.SHORT_OF_WORKERS, _with_attempt(record, short, record.state, now))
+    message = (
+        f"{len(alive)} of its {least} workers (MIN) could be held for "
+        f"{(now - since).total_seconds():.0f} s: it goes on as a new attempt from its latest "
+        "checkpoint"
+    )
+    return _interrupted(record, attempt, InterruptionCause.SHORT_OF_WORKERS, now, message)
+
+
 def on_progress(
     record: JobRecord,
     report: ProgressReport | None,
@@ -660,6 +713,7 @@ def on_progress(
         "metrics": metrics,
         "total_steps": report.total_steps,
         "eta_s": eta,
+        "short_of_workers_since": None,  # it reports: its group is up
     }
     if resized:
         update |= {"workers": workers, "worker_nodes": nodes}

@@ -212,6 +212,10 @@ class InterruptionCause(StrEnum):
     the team that lent it: not the job's loss either, and no restart budget spent."""
     PRIORITY = "priority"
     """The platform stopped it, checkpoint first, to run a higher priority job of its team."""
+    SHORT_OF_WORKERS = "short-of-workers"
+    """An elastic attempt held fewer than its MIN workers for too long (their nodes went
+    and no room came back): the platform stopped it to go on as a new attempt from its
+    latest checkpoint, where the checkpointer finds capacity. A loss: it spends the budget."""
 
 
 class MoveReason(StrEnum):

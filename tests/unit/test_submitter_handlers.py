@@ -283,6 +283,39 @@ async def test_an_elastic_attempt_says_which_nodes_hold_its_workers_when_its_gro
     assert ray(deps).worker_lookups == ["job-w-1", "job-w-1"]
 
 
+async def test_an_elastic_attempt_that_cannot_get_its_min_workers_goes_on_as_a_new_attempt(
+    deps: Deps,
+) -> None:
+    deps = replace(
+        deps,
+        quotas=Quotas(max_gpus_per_job=8, max_gpus_per_owner=8),
+        short_of_workers_fallback_s=120,
+    )
+    clock = deps.clock
+    assert isinstance(clock, FixedClock)
+    await on_job_requested(job_requested("job-s", num_workers=2, max_workers=4), deps)
+    ray(deps).set("job-s-1", RayJobState.RUNNING)
+    ray(deps).workers["job-s-1"] = ("a", "b")
+    assert isinstance(deps.progress, FakeProgress)
+    deps.progress.reports["file:///checkpoints/job-s"] = ProgressReport(
+        job_id="job-s", attempt=1, step=1, metrics={}, updated_at=NOW, workers=2
+    )
+    await track_attempts(deps)
+    ray(deps).workers["job-s-1"] = ("a",)  # one of its two nodes went, and no room came
+    for _ in range(40):  # 200 s of passes, 5 s apart, with no report
+        clock.advance(timedelta(seconds=5))
+        await track_attempts(deps)
+    assert types(deps)[-1] == "interrupted"
+    interrupted = dict(published(deps))["interrupted"]
+    assert interrupted.cause is InterruptionCause.SHORT_OF_WORKERS
+    assert ray(deps).stopped == ["job-s-1"]
+    # Silent from 0, asked from 15 s on, short since then, given up 120 s later.
+    assert isinstance(deps.store, InMemoryJobStore)
+    lost = deps.store.records["job-s"][0].attempts[-1]
+    assert lost.ended_at is not None
+    assert lost.ended_at - NOW == timedelta(seconds=135)
+
+
 def resumed_event(job_id: str, attempt: int, **fields: Any) -> Any:
     data = JobResumed(
         job_id=job_id,

@@ -21,7 +21,14 @@ from services.submitter.model import (
 )
 from services.submitter.policy import Accept, Quotas, Reason, Reject
 from shared.checkpoints import ProgressReport
-from shared.events.data import JobRequested, JobResized, RejectionReason, ResizeReason
+from shared.events.data import (
+    InterruptionCause,
+    JobInterrupted,
+    JobRequested,
+    JobResized,
+    RejectionReason,
+    ResizeReason,
+)
 from shared.events.types import Bundle, CapacityClass
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
@@ -398,3 +405,86 @@ def test_a_script_that_does_not_count_its_workers_is_counted_where_ray_says_they
     unknown = policy.on_progress(ELASTIC, nodes_report(3), NOW, worker_nodes=None)
     assert not [f for f in unknown.facts if isinstance(f.data, JobResized)]
     assert policy.wants_worker_nodes(unknown.record, nodes_report(4))
+
+
+def later(s: float) -> datetime:
+    return NOW + timedelta(seconds=s)
+
+
+@pytest.mark.parametrize(
+    ("report_at_s", "now_s", "stalled"),
+    [
+        pytest.param(None, 14, False, id="just-started"),
+        pytest.param(None, 15, True, id="never-reported"),
+        pytest.param(10, 20, False, id="reported-lately"),
+        pytest.param(10, 25, True, id="silent-since"),
+    ],
+)
+def test_a_silent_multi_node_attempt_is_stalled(
+    report_at_s: float | None, now_s: float, stalled: bool
+) -> None:
+    last = None
+    if report_at_s is not None:
+        last = ProgressReport(
+            job_id="job-1", attempt=1, step=3, metrics={}, updated_at=later(report_at_s)
+        )
+    counted = policy.on_progress(ELASTIC, nodes_report(1, 2), NOW, worker_nodes=("a", "b"))
+    assert policy.workers_stalled(counted.record, last, later(now_s), after_s=15) is stalled
+
+
+def test_an_attempt_waiting_for_its_first_gang_is_not_stalled() -> None:
+    assert not policy.workers_stalled(ELASTIC, None, later(600), after_s=15)
+
+
+def test_a_single_node_attempt_is_never_stalled_for_workers() -> None:
+    record = policy.on_ray_status(queued_record(request(1)), status(R.RUNNING), NOW).record
+    assert not policy.workers_stalled(record, None, later(600), after_s=15)
+
+
+def short_story(*seen: tuple[float, tuple[str, ...] | None]) -> list[policy.Transition]:
+    record, transitions = ELASTIC, []
+    for at_s, alive in seen:
+        transition = policy.on_workers_seen(record, alive, later(at_s), fallback_after_s=120)
+        record = transition.record
+        transitions.append(transition)
+    return transitions
+
+
+def test_an_elastic_attempt_short_of_its_min_for_too_long_is_lost_to_go_on_afresh() -> None:
+    *waiting, fell_back = short_story((20, ("a",)), (80, ()), (139, ("a",)), (140, ("a",)))
+    assert [t.reason for t in waiting] == [
+        policy.Reason.SHORT_OF_WORKERS,  # noted: short since 20
+        policy.Reason.UNCHANGED,
+        policy.Reason.UNCHANGED,
+    ]
+    assert fell_back.reason is policy.Reason.NODE_LOST
+    [interrupted] = [f.data for f in fell_back.facts]
+    assert isinstance(interrupted, JobInterrupted)
+    assert interrupted.cause is InterruptionCause.SHORT_OF_WORKERS
+    lost = fell_back.record.current
+    assert lost is not None
+    assert lost.state is AttemptState.LOST
+    assert "1 of its 2 workers" in (lost.message or "")
+
+
+@pytest.mark.parametrize(
+    "seen",
+    [
+        pytest.param([(20, ("a",)), (100, ("a", "b")), (200, ("a",))], id="it-got-them-back"),
+        pytest.param(
+            [(20, ("a",)), (100, None), (139, ("a",))], id="ray-could-not-say-and-time-is-not-up"
+        ),
+    ],
+)
+def test_an_elastic_attempt_that_holds_its_min_again_starts_the_count_over(
+    seen: list[tuple[float, tuple[str, ...] | None]],
+) -> None:
+    assert all(t.reason is not policy.Reason.NODE_LOST for t in short_story(*seen))
+
+
+def test_a_report_says_the_group_is_up() -> None:
+    short = short_story((20, ("a",)))[-1].record
+    progressed = policy.on_progress(short, nodes_report(5, 2), later(30), worker_nodes=("a", "b"))
+    current = progressed.record.current
+    assert current is not None
+    assert current.short_of_workers_since is None
