@@ -125,7 +125,7 @@ def submit(  # noqa: PLR0917  # a typer command: its options are its parameters
     # The options by name, as click parsed them: the notebook magics build from the same.
     fields = request_fields(context.params, entrypoint)
     if fields["max_workers"] is not None:
-        _require_ray_train(script, workdir, fields)
+        require_ray_train(script, script_source(script, workdir), fields)
     # Validate before anything is uploaded: a bad value costs nothing.
     request = build_request(fields)
     if request.deadline is not None:
@@ -440,9 +440,14 @@ def _refuse_a_gang_no_pool_holds(request: JobRequested, status: PoolsStatus | No
         )
 
 
-def _require_ray_train(script: str, workdir: Path, fields: Mapping[str, Any]) -> None:
+def script_source(script: str, workdir: Path) -> str:
+    """The text of a `.py` script of the working directory; empty for anything else."""
+    path = workdir / script
+    return path.read_text(errors="replace") if script.endswith(".py") and path.is_file() else ""
+
+
+def require_ray_train(script: str, source: str, fields: Mapping[str, Any]) -> None:
     """An elastic range needs a script that Ray Train runs: only it resizes a running job."""
-    source = (workdir / script).read_text(errors="replace") if script.endswith(".py") else ""
     if not is_ray_train_script(source):
         raise CliError(
             f"--workers {fields['num_workers']}..{fields['max_workers']} needs a Ray Train "

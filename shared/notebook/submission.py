@@ -21,7 +21,13 @@ from shared.cli.console import CliError
 
 # The CLI's own rules for these options, shared rather than copied. They are private to the
 # CLI until its `submit` is split into "options → request" and "upload → publish".
-from shared.cli.jobs import build_request, request_fields, script_entrypoint
+from shared.cli.jobs import (
+    build_request,
+    request_fields,
+    require_ray_train,
+    script_entrypoint,
+    script_source,
+)
 from shared.cli.jobs import submit as cli_submit
 from shared.client import SpotrainClient, current_user
 from shared.events.data import JobRejected, JobRequested
@@ -94,6 +100,9 @@ def parse_submit(argv: Sequence[str], *, cell: str | None = None) -> SubmitOptio
         ["python", script, *args] if cell is not None else script_entrypoint(script, args, workdir)
     )
     fields = request_fields(params, entrypoint)
+    if fields["max_workers"] is not None:
+        source = cell if cell is not None else script_source(script, workdir)
+        require_ray_train(script, source, fields)
     build_request(fields)  # validated before anything is uploaded: a bad value costs nothing
     return SubmitOptions(fields=fields, workdir=workdir, script=script, wait=bool(params["wait"]))
 

@@ -125,6 +125,11 @@ def test_the_job_id_defaults_to_the_scripts_name(workdir: Path) -> None:
         pytest.param(
             ["train.py", "--workdir", "nowhere"], "working directory nowhere does not", id="workdir"
         ),
+        pytest.param(
+            ["train.py", "--workers", "2..4"],
+            "--workers 2..4 needs a Ray Train script",
+            id="range-on-a-script-ray-train-does-not-run",
+        ),
     ],
 )
 def test_bad_options_are_refused_before_anything_is_uploaded(
@@ -236,3 +241,25 @@ def test_the_extension_registers_and_removes_both_magics(shell: InteractiveShell
     assert "spotrain" not in magics["cell"]
     extensions(shell).load_extension("shared.notebook")
     assert isinstance(shell.magics_manager.registry["SpotrainMagics"], SpotrainMagics)
+
+
+RAY_TRAIN_CELL = "import ray.train\nfrom ray.train.torch import TorchTrainer\n"
+
+
+@pytest.mark.parametrize(
+    ("cell", "accepted"),
+    [
+        pytest.param(RAY_TRAIN_CELL, True, id="a-ray-train-cell"),
+        pytest.param("print('hi')\n", False, id="a-plain-cell"),
+    ],
+)
+def test_a_cell_with_an_elastic_range_must_be_ray_train(
+    workdir: Path, cell: str, accepted: bool
+) -> None:
+    if accepted:
+        options = parse_submit(["--workers", "2..4"], cell=cell)
+        assert options is not None
+        assert (options.fields["num_workers"], options.fields["max_workers"]) == (2, 4)
+        return
+    with pytest.raises(CliError, match="needs a Ray Train script"):
+        parse_submit(["--workers", "2..4"], cell=cell)
