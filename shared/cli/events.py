@@ -359,7 +359,7 @@ def _run(
 
 @contextlib.asynccontextmanager
 async def _connected() -> AsyncIterator[JetStreamBus]:
-    settings = BusSettings(connect_timeout_s=3)
+    settings = BusSettings(connect_timeout_s=3, refused_is_final=True)
     try:
         bus = await JetStreamBus.connect(settings, name="spotrain-events")
     except BusUnavailableError:

@@ -223,6 +223,8 @@ class JetStreamBus:
         self._authentication_failed: asyncio.Future[Any] | None = None
         self._connect_error: Exception | None = None
         """The last error while connecting the first time: says why it is taking so long."""
+        self._refused: asyncio.Future[Any] | None = None
+        """Set when the first connection is refused and `refused_is_final` says to stop."""
 
     @classmethod
     async def connect(cls, settings: BusSettings, *, name: str) -> Self:
@@ -234,6 +236,9 @@ class JetStreamBus:
         password = settings.nats_password
         failed: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         bus._authentication_failed = failed
+        refused: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        if settings.refused_is_final:
+            bus._refused = refused
         # nats-py retries the first connection as it retries reconnects: forever, with
         # max_reconnect_attempts=-1; the deadline bounds it.
         connecting: asyncio.Future[Any] = asyncio.ensure_future(
@@ -258,7 +263,7 @@ class JetStreamBus:
         )
         try:
             done, _ = await asyncio.wait(
-                {connecting, failed},
+                {connecting, failed, refused},
                 timeout=settings.connect_timeout_s,
                 return_when=asyncio.FIRST_COMPLETED,
             )
@@ -270,6 +275,8 @@ class JetStreamBus:
                     "or the credentials file)"
                 )
                 raise BusAuthenticationError(msg)
+            if refused in done:
+                raise refused.result()
             if connecting not in done:
                 raise TimeoutError
             connecting.result()
@@ -288,6 +295,7 @@ class JetStreamBus:
             raise BusUnavailableError(msg) from error
         finally:
             bus._authentication_failed = None
+            bus._refused = None
         return bus
 
     @property
@@ -710,6 +718,12 @@ class JetStreamBus:
             return
         if self._authentication_failed is not None:
             self._connect_error = error
+        if (
+            isinstance(error, ConnectionRefusedError)
+            and self._refused is not None
+            and not self._refused.done()
+        ):
+            self._refused.set_result(error)
         if _is_authentication_failure(error):
             failed = self._authentication_failed
             if failed is not None and not failed.done():

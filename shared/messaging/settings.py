@@ -53,6 +53,10 @@ class BusSettings(BaseSettings):
     duplicate_window_s: float = Field(120, gt=0)
     connect_timeout_s: float = Field(30, gt=0)
     """How long to keep trying the first connection before giving up."""
+    refused_is_final: bool = False
+    """Give up the first connection at once when it is refused (nothing listens there)
+    rather than retry until `connect_timeout_s`: a person's client says so at once, where
+    a service waits for a server that is starting."""
     publish_timeout_s: float = Field(30, gt=0)
     """How long a publish retries through a server restart before it fails."""
     ack_wait_s: float = Field(60, gt=0)
@@ -89,6 +93,8 @@ def credentials_file() -> Path | None:
 class ClientBusSettings(BusSettings):
     """A person's connection (the CLI, a notebook, the SDK): their credentials file, with
     whatever the environment sets on top. Services never read it: theirs is their own."""
+
+    refused_is_final: bool = True
 
     @classmethod
     def settings_customise_sources(

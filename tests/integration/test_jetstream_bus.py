@@ -13,6 +13,7 @@ from shared.localstack.nats_server import NatsServer
 from shared.localstack.ports import free_port
 from shared.messaging import BusSettings, Subscription
 from shared.messaging.jetstream import BusUnavailableError, JetStreamBus
+from shared.messaging.settings import ClientBusSettings
 from tests.async_helpers import consuming, eventually
 from tests.events import job_requested
 
@@ -50,6 +51,22 @@ async def test_connecting_to_no_server_fails_with_a_clear_error() -> None:
     settings = BusSettings(nats_url=f"nats://127.0.0.1:{free_port()}", connect_timeout_s=1)
     with pytest.raises(BusUnavailableError, match="cannot reach NATS"):
         await JetStreamBus.connect(settings, name="test")
+
+
+async def test_a_persons_client_gives_up_at_once_where_nothing_listens() -> None:
+    """Refused is final for a person's client: it does not retry for its whole timeout;
+    a service's keeps trying (above) for a server that may be starting."""
+    settings = BusSettings(
+        nats_url=f"nats://127.0.0.1:{free_port()}", connect_timeout_s=600, refused_is_final=True
+    )
+    with pytest.raises(BusUnavailableError, match=r"cannot reach NATS.*Connect call failed"):
+        # Far inside the 600 s it would otherwise retry for.
+        await asyncio.wait_for(JetStreamBus.connect(settings, name="test"), timeout=20)
+
+
+def test_a_persons_settings_take_refused_as_final() -> None:
+    assert ClientBusSettings().refused_is_final
+    assert not BusSettings().refused_is_final
 
 
 async def test_no_event_is_lost_when_the_server_is_killed_and_restarted(
