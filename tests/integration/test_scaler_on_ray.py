@@ -161,7 +161,16 @@ async def test_a_job_over_the_budget_is_held_with_the_reason(
             for e in await events(bus, "pool.resize_failed")
         )
 
-    await eventually(held, timeout_s=30, interval_s=0.25)
+    try:
+        await eventually(held, timeout_s=30, interval_s=0.25)
+    except AssertionError as error:
+        # A CI run once saw no hold within 30 s and left nothing to read: say what was seen.
+        seen = [e.message for e in await events(bus, "pool.resize_failed")]
+        log = (cluster.log_dir / "scaler.log").read_text().splitlines()[-30:]
+        raise AssertionError(
+            f"{error}; resize failures: {seen}; nodes: {nodes(cluster)}; scaler log:\n"
+            + "\n".join(log)
+        ) from None
     assert nodes(cluster) == [], "a job that cannot be placed whole takes nothing"
     [failure] = [e for e in await events(bus, "pool.resize_failed") if "job-too-dear" in e.message]
     assert "over the budget of $0.80/h" in failure.message
