@@ -71,11 +71,11 @@ class Attempt(Frozen):
     workers: int | None = None
     """How many workers a multi-node attempt has now, as its training last reported."""
     worker_nodes: tuple[str, ...] = ()
+    """The nodes that hold a multi-node attempt's workers, one per worker, as Ray last
+    said (the last `job.resized`)."""
     short_of_workers_since: datetime | None = None
     """Since when a multi-node attempt's group has had fewer than its MIN workers alive,
     as Ray's state API said; None while it has enough (or nobody looked)."""
-    """The nodes that hold a multi-node attempt's workers, one per worker, as Ray last
-    said (the last `job.resized`)."""
     pool: str | None = None
     capacity: CapacityClass | None = None
     """The capacity it was pinned to, when the checkpointer moved it off the requested one."""

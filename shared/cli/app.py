@@ -1,245 +1,138 @@
 """`spotrain`: the one command data scientists and operators type.
 
-Errors are one line on stderr and a non-zero exit, never a traceback.
+It answers at once: the root knows each command by name and summary only, and imports a
+command's module (the client, the bus, the event models, the cost ledger) when that
+command runs or its own help is asked for. Errors are one line on stderr and a non-zero
+exit, never a traceback.
 """
 
 from __future__ import annotations
 
-import asyncio
-import subprocess
+import importlib
 import sys
-from pathlib import Path
-from typing import Annotated, NoReturn
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import NoReturn
 
 import typer
-from rich.table import Table
 
-from shared.cli.console import CliError, err, out
-from shared.cli.cost import register_cost_commands
-from shared.cli.events import register_event_commands
-from shared.cli.jobs import duration_s, register_job_commands
-from shared.cli.nats_config import register_nats_commands
-from shared.cli.top import register_top_command
-from shared.cli.users import register_user_commands
-from shared.client import PlatformError
-from shared.localstack import stack
-from shared.localstack.market import check_market_pools
-from shared.localstack.settings import LocalStackSettings
-from shared.messaging.jetstream import BusAuthenticationError, BusPermissionError
-from shared.spot_traces import SpotMarketOption, parse_spot_market
+# Typer 0.29 vendors click: its commands and contexts are those of typer._click.
+from typer import _click as click
+from typer.core import TyperCommand, TyperGroup
+
+from shared.cli.console import CliError
+
+_LOCAL = "Local stack"
+_JOBS = "Jobs"
+_CAPACITY = "Capacity and cost"
+_OPERATE = "Operate"
+
+
+@dataclass(frozen=True)
+class ListedCommand:
+    """A command as the root lists it, before its module is imported."""
+
+    name: str
+    module: str
+    """Its module, whose `register(app)` adds it (and its neighbours) to an app."""
+    summary: str
+    panel: str
+
+
+COMMANDS: tuple[ListedCommand, ...] = (
+    ListedCommand("submit", "shared.cli.jobs", "Submit a training job; prints its id.", _JOBS),
+    ListedCommand("ls", "shared.cli.jobs", "My jobs: state, attempt, capacity, GPUs, age.", _JOBS),
+    ListedCommand("show", "shared.cli.jobs", "A job's record and its event history.", _JOBS),
+    ListedCommand("logs", "shared.cli.jobs", "A job's logs from Ray, across its attempts.", _JOBS),
+    ListedCommand("watch", "shared.cli.jobs", "A live progress bar: step, loss, ETA.", _JOBS),
+    ListedCommand("cancel", "shared.cli.jobs", "Stop a job and its running attempt.", _JOBS),
+    ListedCommand("top", "shared.cli.top", "Pools, jobs and cost on one live screen.", _JOBS),
+    ListedCommand(
+        "pools", "shared.cli.jobs", "Each pool: nodes, GPUs, price, pending demand.", _CAPACITY
+    ),
+    ListedCommand(
+        "teams", "shared.cli.jobs", "Each team: quota, GPUs held and lent, budget.", _CAPACITY
+    ),
+    ListedCommand(
+        "cost", "shared.cli.cost", "Cost, GPU-hours, waste and the saving on spot.", _CAPACITY
+    ),
+    ListedCommand("up", "shared.cli.local", "Start the local stack.", _LOCAL),
+    ListedCommand("down", "shared.cli.local", "Stop what `spotrain up` started.", _LOCAL),
+    ListedCommand("status", "shared.cli.local", "Each part of the local stack, healthy?", _LOCAL),
+    ListedCommand(
+        "preempt", "shared.cli.local", "Preempt a node as the cloud would: notice, kill.", _LOCAL
+    ),
+    ListedCommand(
+        "demo", "shared.cli.local", "Train on spot, preempt it, watch it resume.", _LOCAL
+    ),
+    ListedCommand(
+        "simulate", "shared.cli.local", "Replay a trace through the scaler's policy.", _OPERATE
+    ),
+    ListedCommand(
+        "events", "shared.cli.events", "The event stream: tail, export, replay, what-if.", _OPERATE
+    ),
+    ListedCommand("users", "shared.cli.users", "People with credentials of their own.", _OPERATE),
+    ListedCommand(
+        "nats-config", "shared.cli.nats_config", "A NATS configuration, a user per role.", _OPERATE
+    ),
+    ListedCommand(
+        "schema", "shared.cli.local", "The JSON Schemas of the events, and AsyncAPI.", _OPERATE
+    ),
+)
+_LISTED = {c.name: c for c in COMMANDS}
+
+
+class LazyCommands(TyperGroup):
+    """The root group: it lists every command from `COMMANDS` and builds one only when
+    click resolves it to run it, show its help or complete its options."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return [c.name for c in COMMANDS]
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        built = self.commands.get(cmd_name)
+        if built is not None:
+            return built
+        listed = _LISTED.get(cmd_name)
+        if listed is None:
+            return None
+        # What the root's help reads: a name, a summary and a panel, nothing imported.
+        placeholder = TyperCommand(listed.name, help=listed.summary, short_help=listed.summary)
+        placeholder.rich_help_panel = listed.panel
+        return placeholder
+
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        if args and args[0] in _LISTED and args[0] not in self.commands:
+            self.commands[args[0]] = build_command(_LISTED[args[0]])
+        return super().resolve_command(ctx, args)
+
+
+def build_command(listed: ListedCommand) -> click.Command:
+    """The real click command behind a listed one, from its module."""
+    module = importlib.import_module(listed.module)
+    holder = typer.Typer()
+    module.register(holder)
+    command = typer.main.get_group(holder).commands[listed.name]
+    command.rich_help_panel = listed.panel  # type: ignore[attr-defined]
+    return command
+
 
 app = typer.Typer(
     name="spotrain",
-    help="Train on many GPUs with one command, on cheap spot capacity that may vanish.",
+    cls=LazyCommands,
     no_args_is_help=True,
-    add_completion=False,
     pretty_exceptions_enable=False,
 )
 
 
-@app.command()
-def up(
-    secure: Annotated[
-        bool,
-        typer.Option(
-            "--secure", help="One NATS user per component, allowed only the subjects it needs."
-        ),
-    ] = False,
-    prometheus: Annotated[
-        bool, typer.Option("--prometheus", help="Also run Prometheus, scraping services and Ray.")
-    ] = False,
-    spot_market: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--spot-market",
-            metavar="POOL=FILE[,SPEEDUP]",
-            help="The spot pool follows a market trace (../shared/traces/spot), one trace "
-            "hour in 3600/SPEEDUP s: growth fails while it is stocked out, held nodes are "
-            "preempted with a notice when its count drops. Repeatable.",
-        ),
-    ] = None,
-) -> None:
-    """Start the local stack: NATS JetStream, a Ray head, the four services."""
-    markets = _spot_markets(spot_market or [])
-    env = LocalStackSettings()  # a flag turns a setting on; without it the environment decides
-    settings = LocalStackSettings(
-        secure=secure or env.secure, prometheus=prometheus or env.prometheus
-    )
-    statuses = stack.up(
-        settings, progress=lambda line: err.print(f"[dim]{line}[/dim]"), markets=markets
-    )
-    _print_statuses(statuses)
-    out.print(
-        f"stack is up; state in {settings.home}; export SPOTRAIN_NATS_URL={settings.nats_url}"
-    )
-    if settings.is_secure:
-        cli_env = settings.nats_auth_dir / "cli.env"
-        out.print(
-            f"secure bus: load the CLI's credentials with: set -a; . {cli_env}; set +a",
-            soft_wrap=True,
-        )
+@app.callback()
+def spotrain() -> None:
+    """Train on many GPUs with one command, on cheap spot capacity that may vanish."""
 
 
-def _spot_markets(values: list[str]) -> list[SpotMarketOption]:
-    try:
-        options = [parse_spot_market(value) for value in values]
-        check_market_pools(options)
-    except ValueError as error:
-        raise CliError(str(error), 2) from None
-    return options
-
-
-@app.command()
-def down() -> None:
-    """Stop everything `spotrain up` started, and nothing else."""
-    settings = LocalStackSettings()
-    stopped = stack.down(settings, progress=lambda line: err.print(f"[dim]{line}[/dim]"))
-    out.print(f"stopped: {', '.join(stopped)}" if stopped else "nothing was running")
-
-
-@app.command()
-def status() -> None:
-    """Show each part of the local stack and whether it is healthy (exit 1 if not)."""
-    statuses = stack.status(LocalStackSettings())
-    _print_statuses(statuses)
-    if any(s.state is not stack.State.HEALTHY for s in statuses):
-        raise typer.Exit(1)
-
-
-@app.command()
-def schema(
-    out_dir: Annotated[
-        Path, typer.Option("--out", help="Folder for the JSON Schemas and AsyncAPI document.")
-    ] = Path("docs/events"),
-) -> None:
-    """Write the JSON Schema of every event and an AsyncAPI 3 document."""
-    from shared.events.schema_export import write_documents  # noqa: PLC0415  # rarely used, slow
-
-    written = write_documents(out_dir)
-    out.print(f"wrote {len(written)} files to {out_dir}")
-
-
-@app.command()
-def demo(
-    workdir: Annotated[Path, typer.Option(help="The folder of examples/train_digits.py.")] = Path(
-        "examples"
-    ),
-    notice: Annotated[
-        str, typer.Option(help="Preemption notice, e.g. 10s; 0 preempts without notice.")
-    ] = "0",
-    preemptions: Annotated[
-        int, typer.Option(min=1, max=3, help="Preempt the job this many times in a row.")
-    ] = 1,
-    timeout: Annotated[
-        str | None, typer.Option(help="How long the whole demo may take (5m; 8m with --market).")
-    ] = None,
-    market: Annotated[
-        bool,
-        typer.Option(
-            "--market",
-            help="A deadline job rides a stock-out of the stack's spot market: spot, "
-            "on-demand, back to spot (start the stack with `up --spot-market`).",
-        ),
-    ] = False,
-) -> None:
-    """Train on a spot node, preempt it mid-run, and watch the job resume from its checkpoint."""
-    if market:
-        from shared.cli.market_demo import run_market_demo  # noqa: PLC0415  # imports nats
-
-        timeout_s = duration_s(timeout or "8m")
-        asyncio.run(run_market_demo(out, workdir=workdir, timeout_s=timeout_s))
-        return
-    from shared.cli.demo import DemoRun, run_demo  # noqa: PLC0415  # imports nats and numpy
-
-    run = DemoRun(preempt_at_steps=(70, 130, 190)[:preemptions])
-    asyncio.run(
-        run_demo(
-            out,
-            workdir=workdir,
-            notice_s=duration_s(notice),
-            timeout_s=duration_s(timeout or "5m"),
-            run=run,
-        )
-    )
-
-
-@app.command(
-    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
-    add_help_option=False,
-)
-def simulate(context: typer.Context) -> None:
-    """Replay a job trace through the scaler's policy and others, `simulate deadline`: one
-    job with a deadline on a spot market trace, or `simulate teams`: a trace shared by
-    teams under fair share (--help for options)."""
-    # The simulator belongs to the scaler, and the CLI may not import a service: it runs
-    # as the scaler's own tool, with the arguments as given.
-    result = subprocess.run(
-        [sys.executable, "-m", "services.scaler.simulation", *context.args], check=False
-    )
-    if result.returncode:
-        raise typer.Exit(result.returncode)
-
-
-@app.command()
-def preempt(
-    node: Annotated[
-        str | None, typer.Argument(help="A node of the local stack (see `spotrain pools`).")
-    ] = None,
-    notice: Annotated[
-        str, typer.Option(help="Notice before the kill, e.g. 30s; 0 kills without notice.")
-    ] = "30s",
-    pick_random: Annotated[
-        bool, typer.Option("--random", help="Preempt a running spot node picked at random.")
-    ] = False,
-) -> None:
-    """Preempt a node of the local stack as the cloud would: a notice, the deadline, the kill."""
-    from shared.localstack.nodes import (  # noqa: PLC0415  # only this command needs them
-        NodeFolder,
-        NoSuchNodeError,
-        pick_node,
-    )
-    from shared.localstack.nodes import preempt as preempt_node  # noqa: PLC0415
-
-    notice_s = duration_s(notice)
-    if (node is None) == (not pick_random):
-        raise CliError("name a node, or pass --random (not both)", 2)
-    folder = NodeFolder(LocalStackSettings().node_dir)
-    try:
-        target = pick_node(folder, node, capacity="spot" if pick_random else None)
-    except NoSuchNodeError as error:
-        raise CliError(str(error)) from None
-    done = preempt_node(
-        folder,
-        target,
-        notice_s=notice_s,
-        on_notice=lambda n: out.print(
-            f"notice posted: {n.node} ({target.pool}) goes at {n.deadline:%H:%M:%S}"
-        ),
-    )
-    out.print(f"preempted {done.node} ({done.pool}): killed {done.processes} processes")
-
-
-register_job_commands(app)
-register_cost_commands(app)
-register_event_commands(app)
-register_nats_commands(app)
-register_user_commands(app)
-register_top_command(app)
-
-
-def _print_statuses(statuses: list[stack.ComponentStatus]) -> None:
-    table = Table("component", "state", "pid", "endpoint")
-    colours = {
-        stack.State.HEALTHY: "green",
-        stack.State.UNHEALTHY: "red",
-        stack.State.STOPPED: "dim",
-    }
-    for s in statuses:
-        table.add_row(s.name, f"[{colours[s.state]}]{s.state}[/]", str(s.pid or "-"), s.endpoint)
-    out.print(table)
-
-
-def main(argv: list[str] | None = None) -> NoReturn:
+def main(argv: Sequence[str] | None = None) -> NoReturn:
     """Entry point of the console script."""
     try:
         # Without standalone mode, click returns a command's exit code instead of exiting.
@@ -252,17 +145,33 @@ def main(argv: list[str] | None = None) -> NoReturn:
         # Usage errors: unknown option, missing or invalid argument.
         message = error.format_message() if hasattr(error, "format_message") else str(error)
         _fail(message, getattr(error, "exit_code", 2))
-    except (
-        CliError,
-        stack.StackError,
-        PlatformError,
-        BusPermissionError,
-        BusAuthenticationError,
-    ) as error:
-        _fail(str(error), getattr(error, "exit_code", 1))
     except KeyboardInterrupt:
         _fail("interrupted", 130)
+    except Exception as error:
+        if not said_to_the_user(error):
+            raise
+        _fail(str(error), getattr(error, "exit_code", 1))
     sys.exit(result if isinstance(result, int) else 0)
+
+
+_USER_ERRORS = {
+    "shared.client": ("PlatformError",),
+    "shared.localstack.stack": ("StackError",),
+    "shared.messaging.jetstream": ("BusPermissionError", "BusAuthenticationError"),
+}
+"""Errors a command ends with that are the user's news, not a bug: by module, since the
+root does not import those modules (a module not imported raised none of them)."""
+
+
+def said_to_the_user(error: Exception) -> bool:
+    """Whether `error` is reported as one line rather than as a traceback."""
+    if isinstance(error, CliError):
+        return True
+    for module_name, names in _USER_ERRORS.items():
+        module = sys.modules.get(module_name)
+        if module is not None and isinstance(error, tuple(getattr(module, n) for n in names)):
+            return True
+    return False
 
 
 def _fail(message: str, exit_code: int) -> NoReturn:

@@ -13,8 +13,8 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from shared.cli.console import CliError, err, out
-from shared.cli.jobs import duration_s, iso_moment
+from shared.cli.console import CliError, duration_s, err, out
+from shared.cli.jobs import iso_moment
 from shared.client import SpotrainClient
 from shared.cost import (
     CostRow,
@@ -43,7 +43,7 @@ from shared.jobs import span_text
 from shared.pools import billed_up_to
 
 
-def register_cost_commands(app: typer.Typer) -> None:
+def register(app: typer.Typer) -> None:
     app.command()(cost)
 
 

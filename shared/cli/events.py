@@ -66,7 +66,7 @@ _SERVICE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 """A durable consumer's name, as a subject token."""
 
 
-def register_event_commands(app: typer.Typer) -> None:
+def register(app: typer.Typer) -> None:
     app.add_typer(events_app)
 
 

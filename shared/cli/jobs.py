@@ -6,37 +6,46 @@ import asyncio
 import contextlib
 import json
 import os
-import re
 import time
 import urllib.error
 import urllib.request
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections import defaultdict
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
+from enum import StrEnum
+from fractions import Fraction
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import typer
 from pydantic import ValidationError
 from rich.progress import BarColumn, Progress, TaskID, TextColumn
-from rich.table import Table
 
-from shared.cli.console import CliError, err, out
+from shared.cli.console import CliError, OutputOption, duration_s, err, out, print_table
+from shared.cli.tables import Column, Output
 from shared.client import PlatformError, SpotrainClient, current_user, new_job_id
-from shared.cost import CostRow, format_usd, job_costs
+from shared.cost import CostRow, Ledger, format_usd, job_costs
+from shared.cost.attribution import Charge
 from shared.elastic import WorkerRange, is_ray_train_script, most_workers, parse_workers
 from shared.events import Event, EventData
 from shared.events.data import JobFailed, JobProgress, JobRejected, JobRequested, JobResized
 from shared.events.types import Bundle, CapacityClass
-from shared.jobs import JobRecord, deadline_outlook, deadline_refusal, span_text
+from shared.jobs import (
+    Attempt,
+    AttemptState,
+    JobRecord,
+    deadline_outlook,
+    deadline_refusal,
+    span_text,
+)
 from shared.pools import PoolsStatus, PoolStatus
 from shared.teams import team_uses
 from shared.workspace import WorkspaceError
 
 T = TypeVar("T")
-_DURATION = re.compile(r"^(\d+)([smh]?)$")
 
 
-def register_job_commands(app: typer.Typer) -> None:
+def register(app: typer.Typer) -> None:
     app.command(context_settings={"allow_interspersed_args": True})(submit)
     app.command(name="ls")(list_jobs)
     app.command()(show)
@@ -166,8 +175,9 @@ def list_jobs(
     everyone: Annotated[
         bool, typer.Option("--all", help="Everyone's jobs, not only mine.")
     ] = False,
+    output: OutputOption = Output.TABLE,
 ) -> None:
-    """My jobs: state, attempt, capacity, GPUs, age."""
+    """My jobs: state, attempt, capacity, GPUs, age, cost."""
 
     async def go(client: SpotrainClient) -> tuple[list[JobRecord], dict[str, CostRow]]:
         return await client.jobs(), job_costs(await client.costs())
@@ -177,64 +187,180 @@ def list_jobs(
     now = datetime.now(UTC)
     shown = [record for record in records if everyone or record.request.owner == me]
     with_deadlines = any(record.request.deadline is not None for record in shown)
-    rows = [
-        (
-            record.job_id,
-            _state(record),
-            str(record.current.number if record.current else "-"),
-            record.request.capacity.value,
-            str(record.gpus),
-            _age(now - record.accepted_at),
-            format_usd(costs[record.job_id].cost_usd) if record.job_id in costs else "-",
-            *([_deadline_cell(record, now)] if with_deadlines else []),
-            record.request.experiment or "",
-            record.request.owner,
-        )
+    rows = [_job_row(record, costs.get(record.job_id), now) for record in shown]
+    columns = [
+        # Read and copied: the id and the state, whatever the width.
+        Column("job"),
+        Column("state", style=_state_style),
+        Column("cost", priority=1),
+        *([Column("deadline", priority=1, style=_late_style)] if with_deadlines else []),
+        Column("gpus", priority=2),
+        Column("age", priority=2),
+        Column("attempt", priority=3),
+        Column("capacity", priority=3),
+        Column("experiment", priority=4),
+        # Mine, unless --all: then whose it is matters as much as its size.
+        Column("owner", priority=2 if everyone else 5),
+    ]
+    as_json = [
+        {
+            "job": record.job_id,
+            "state": record.state.value,
+            "attempt": record.current.number if record.current else None,
+            "capacity": record.request.capacity.value,
+            "gpus": record.gpus,
+            "accepted_at": record.accepted_at.isoformat(),
+            "cost_usd": float(costs[record.job_id].cost_usd) if record.job_id in costs else None,
+            "deadline": record.request.deadline.isoformat() if record.request.deadline else None,
+            "experiment": record.request.experiment,
+            "owner": record.request.owner,
+        }
         for record in shown
     ]
-    table = Table()
-    columns: tuple[str, ...] = ("job", "state", "attempt", "capacity", "GPUs", "age", "cost")
-    columns += ("deadline",) if with_deadlines else ()
-    # Job, state and cost are what users read and copy: never cut them on a narrow terminal;
-    # the other columns give way first.
-    for index, name in enumerate((*columns, "experiment", "owner")):
-        keep = name in ("job", "state", "cost")
-        widest = max((len(row[index]) for row in rows), default=0)
-        table.add_column(name, no_wrap=keep, min_width=max(widest, len(name)) if keep else None)
-    for row in rows:
-        table.add_row(*row)
-    out.print(table)
+    print_table(columns, rows, output, as_json)
 
 
-def show(job_id: str) -> None:
-    """The whole record of a job and its event history."""
+def _job_row(record: JobRecord, spent: CostRow | None, now: datetime) -> dict[str, str]:
+    return {
+        "job": record.job_id,
+        "state": record.state.value,
+        "attempt": str(record.current.number if record.current else "-"),
+        "capacity": record.request.capacity.value,
+        "gpus": str(record.gpus),
+        "age": _age(now - record.accepted_at),
+        "cost": format_usd(spent.cost_usd) if spent is not None else "-",
+        "deadline": _deadline_cell(record, now),
+        "experiment": record.request.experiment or "",
+        "owner": record.request.owner,
+    }
 
-    async def go(client: SpotrainClient) -> tuple[JobRecord | None, list[Any], CostRow | None]:
+
+class ShowOutput(StrEnum):
+    TEXT = "text"
+    JSON = "json"
+
+
+def show(
+    job_id: str,
+    all_events: Annotated[
+        bool, typer.Option("--events", help="Every event, not the last 10.")
+    ] = False,
+    output: Annotated[
+        ShowOutput, typer.Option("--output", "-o", help="text (a description) or json.")
+    ] = ShowOutput.TEXT,
+) -> None:
+    """A job described: its state, attempts, progress, cost and last events."""
+
+    async def go(client: SpotrainClient) -> tuple[JobRecord | None, list[Any], Ledger]:
         record, history = await client.job(job_id), await client.history(job_id)
-        return record, history, job_costs(await client.costs()).get(job_id)
+        return record, history, await client.costs()
 
-    record, history, spent = _run(lambda: _with_client(go))
+    record, history, ledger = _run(lambda: _with_client(go))
     if record is None and not history:
         raise CliError(f"no job {job_id}")
+    if output is ShowOutput.JSON:
+        if record is None:
+            raise CliError(f"{job_id} has events but no record (yet)")
+        print(record.model_dump_json(indent=2, exclude={"request": {"env"}}))
+        return
+    charges = [c for c in ledger.attribution.charges if c.job_id == job_id]
     if record is not None:
-        out.print_json(record.model_dump_json(exclude={"request": {"env"}}))
-    out.print(_cost_line(spent))
-    if record is not None and (
-        record.request.num_workers > 1 or record.request.max_workers is not None
-    ):
-        current = record.current
-        out.print(_workers_line(record.request, current.workers if current else None))
-    if record is not None and record.is_active and record.waiting_for is not None:
-        out.print(f"waiting for quota: {record.waiting_for}")
-    if record is not None and record.request.deadline is not None:
-        out.print(_deadline_line(record, datetime.now(UTC)))
-    table = Table("time", "event", "source", "details")
-    for event in history:
-        data = event.data.model_dump(mode="json", exclude={"job_id", "entrypoint", "env"})
-        table.add_row(
-            event.time.strftime("%H:%M:%S"), event.type, event.source, json.dumps(data)[:120]
-        )
-    out.print(table)
+        for line in describe(record, charges, datetime.now(UTC)):
+            out.print(line, soft_wrap=True, highlight=False)
+    else:
+        out.print(f"job: {job_id} (no record: only events)")
+    out.print(_cost_line(job_costs(ledger).get(job_id)), highlight=False)
+    shown = history if all_events else history[-10:]
+    more = "" if len(shown) == len(history) else f" (last {len(shown)}; --events for all)"
+    out.print(f"events: {len(history)}{more}", highlight=False)
+    for event in shown:
+        out.print(f"  {_event_line(event)}", soft_wrap=True, highlight=False, markup=False)
+
+
+def describe(record: JobRecord, charges: Sequence[Charge], now: datetime) -> list[str]:
+    """A job as `show` describes it, before its cost and events: one fact a line, then a
+    line per attempt (kubectl describe's way)."""
+    request = record.request
+    lines = [
+        f"job: {record.job_id}",
+        f"state: {record.state.value}"
+        + (f" ({record.waiting_for})" if record.is_active and record.waiting_for else ""),
+        f"owner: {request.owner}"
+        + (f", experiment {request.experiment}" if request.experiment else ""),
+        f"asks: {_asks(request)}",
+        f"accepted: {record.accepted_at:%Y-%m-%d %H:%M:%S} ({_age(now - record.accepted_at)} ago)",
+    ]
+    current = record.current
+    if request.num_workers > 1 or request.max_workers is not None:
+        lines.append(_workers_line(request, current.workers if current else None))
+    if current is not None and current.step is not None:
+        lines.append(f"progress: {_progress(current)}")
+    if request.deadline is not None:
+        lines.append(_deadline_line(record, now))
+    lines.append(f"attempts: {len(record.attempts)}")
+    by_attempt: dict[int, Fraction] = defaultdict(Fraction)
+    for charge in charges:
+        if charge.attempt is not None:
+            by_attempt[charge.attempt] += charge.cost_usd
+    for index, attempt in enumerate(record.attempts):
+        after = record.attempts[index + 1] if index + 1 < len(record.attempts) else None
+        lines.append("  " + _attempt_line(attempt, after, by_attempt.get(attempt.number)))
+    return lines
+
+
+def _asks(request: JobRequested) -> str:
+    """`2 GPU(s) nvidia-l4 x 2..4 worker(s), spot, priority 5, up to 3 restart(s)`"""
+    worker = request.worker
+    each = f"{worker.gpus} GPU(s)" if worker.gpus else f"{worker.cpus:g} CPU(s)"
+    if worker.gpu_type:
+        each += f" {worker.gpu_type}"
+    workers = WorkerRange(min=request.num_workers, max=request.max_workers or request.num_workers)
+    return (
+        f"{each} x {workers} worker(s), {request.capacity.value}, priority {request.priority}, "
+        f"up to {request.max_restarts} restart(s)"
+    )
+
+
+def _progress(attempt: Attempt) -> str:
+    total = f"/{attempt.total_steps}" if attempt.total_steps else ""
+    metrics = "".join(f", {k} {v:.4g}" for k, v in sorted(attempt.metrics.items()))
+    eta = f", ETA {eta_text(attempt.eta_s)}" if attempt.state is AttemptState.RUNNING else ""
+    return f"step {attempt.step}{total}{metrics}{eta}"
+
+
+def _attempt_line(attempt: Attempt, after: Attempt | None, cost: Fraction | None) -> str:
+    """`#2 running on gpu-spot-3 (gpu-spot, spot) 10:02:11-, from step 120, $0.0123`"""
+    where = ", ".join(attempt.worker_nodes or attempt.nodes) or "no node yet"
+    pool = (
+        f" ({attempt.pool}, {attempt.capacity.value})" if attempt.pool and attempt.capacity else ""
+    )
+    start = attempt.started_at or attempt.submitted_at
+    span = f"{start:%H:%M:%S}-{f'{attempt.ended_at:%H:%M:%S}' if attempt.ended_at else ''}"
+    parts = [f"#{attempt.number} {attempt.state.value} on {where}{pool} {span}"]
+    if attempt.from_step:
+        parts.append(f"from step {attempt.from_step}")
+    why = attempt.cause or (attempt.give_way if attempt.ended_at is not None else None)
+    if why is not None:
+        parts.append(f"ended by {why.value}")
+    if attempt.give_way_for is not None:
+        parts.append(f"gave way to {attempt.give_way_for}")
+    if after is not None and attempt.step is not None:
+        parts.append(f"{max(attempt.step - after.from_step, 0)} steps lost")
+    if cost is not None:
+        parts.append(format_usd(cost))
+    return ", ".join(parts)
+
+
+def _event_line(event: Event[EventData]) -> str:
+    """`10:02:11  job.started  submitter  attempt=2 node="gpu-spot-3"`: one line an event."""
+    data = event.data.model_dump(
+        mode="json", exclude_defaults=True, exclude={"job_id", "entrypoint", "env"}
+    )
+    fields = " ".join(f"{k}={json.dumps(v, separators=(',', ':'))}" for k, v in data.items())
+    if len(fields) > 100:
+        fields = fields[:97] + "..."
+    kind = event.type.removeprefix("spotrain.").rsplit(".", 1)[0]
+    return f"{event.time:%H:%M:%S}  {kind}  {event.source}  {fields}".rstrip()
 
 
 def logs(
@@ -265,6 +391,19 @@ def watch(job_id: str) -> None:
         raise typer.Exit(code)
 
 
+def running_node(job_id: str) -> str:
+    """The node a job's running attempt is on (a worker's, for a multi-node job): the one
+    `spotrain preempt --job` takes away."""
+    record = _run(lambda: _with_client(lambda c: c.job(job_id)))
+    if record is None:
+        raise CliError(f"no job {job_id}", 2)
+    current = record.current
+    nodes = (current.worker_nodes or current.nodes) if current is not None else ()
+    if current is None or current.state is not AttemptState.RUNNING or not nodes:
+        raise CliError(f"{job_id} has no running attempt on a node ({record.state.value})", 2)
+    return nodes[-1]
+
+
 def cancel(job_id: str) -> None:
     """Stop a job; its running attempt is stopped in Ray."""
     _run(lambda: _with_client(lambda c: c.cancel(job_id, current_user())))
@@ -280,6 +419,7 @@ def pools(
             "`spotrain simulate deadline --learnt POOL --knowledge FILE` starts from.",
         ),
     ] = False,
+    output: OutputOption = Output.TABLE,
 ) -> None:
     """Each pool: nodes, busy and free GPUs, price, and the pending demand it can serve."""
     if learnt:
@@ -291,28 +431,42 @@ def pools(
     status = _run(lambda: _with_client(lambda c: c.pools()))
     if status is None:
         raise CliError("the scaler has not reported yet; is it running? (spotrain status)")
-    table = Table(
-        "pool", "capacity", "nodes", "ready", "GPUs busy/total", "$/h per node",
-        "pending jobs", "pending GPUs", "target", "min-max", "taken back", "stock-outs",
-        "spot window",
-    )  # fmt: skip
-    for row in status.pools:
-        table.add_row(
-            row.pool,
-            row.capacity.value,
-            str(row.nodes),
-            str(row.ready),
-            f"{row.gpus_total - row.gpus_free}/{row.gpus_total}",
-            f"{row.price_per_hour_usd:.2f}",
-            str(row.pending_jobs),
-            str(row.pending_gpus),
-            str(row.target),
-            f"{row.min_nodes}-{row.max_nodes}",
-            str(row.taken_back),
-            _stock_outs(row),
-            f"{row.outlook.mean_window_h:.1f}h" if row.outlook is not None else "",
-        )
-    out.print(table)
+    rows = [
+        {
+            "pool": row.pool,
+            "capacity": row.capacity.value,
+            "nodes": str(row.nodes),
+            "ready": str(row.ready),
+            "gpus_busy": f"{row.gpus_total - row.gpus_free}/{row.gpus_total}",
+            "usd_per_hour": f"{row.price_per_hour_usd:.2f}",
+            "pending_jobs": str(row.pending_jobs),
+            "pending_gpus": str(row.pending_gpus),
+            "target": str(row.target),
+            "min_max": f"{row.min_nodes}-{row.max_nodes}",
+            "taken_back": str(row.taken_back),
+            "stock_outs": _stock_outs(row),
+            "spot_window": f"{row.outlook.mean_window_h:.1f}h" if row.outlook is not None else "",
+        }
+        for row in status.pools
+    ]
+    columns = [
+        Column("pool"),
+        Column("nodes", priority=1),
+        Column("gpus_busy", priority=1),
+        Column("pending_jobs", priority=1),
+        Column("usd_per_hour", priority=2),
+        Column("capacity", priority=2),
+        Column("pending_gpus", priority=3),
+        Column("target", priority=3),
+        Column("stock_outs", priority=3),
+        Column("ready", priority=4),
+        Column("taken_back", priority=4),
+        Column("min_max", priority=5),
+        Column("spot_window", priority=5),
+    ]
+    print_table(columns, rows, output, [row.model_dump(mode="json") for row in status.pools])
+    if output is Output.JSON:
+        return
     out.print(
         f"spending ${status.cost_per_hour_usd:.2f}/h of a ${status.budget_per_hour_usd:.2f}/h "
         f"budget; {status.blocked_jobs} job(s) held; as of {status.updated_at:%H:%M:%S}"
@@ -320,7 +474,8 @@ def pools(
 
 
 def teams(
-    as_json: Annotated[bool, typer.Option("--json", help="Print the rows as JSON.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="As -o json.")] = False,
+    output: OutputOption = Output.TABLE,
 ) -> None:
     """Each team: members, guaranteed and borrowable GPUs, GPUs held, borrowed and lent,
     jobs waiting for quota, budget and spend this month."""
@@ -332,26 +487,37 @@ def teams(
         )
     rows = team_uses(status)
     if as_json:
-        print(json.dumps([row.model_dump(mode="json") for row in rows], indent=2))
+        output = Output.JSON
+    columns = [
+        Column("team"),
+        Column("held", priority=1),
+        Column("guaranteed", priority=1),
+        Column("spent_budget", priority=1),
+        Column("waiting_jobs", priority=2),
+        Column("may_borrow", priority=2),
+        Column("borrowed", priority=3),
+        Column("lent", priority=3),
+        Column("capacity", priority=4),
+        Column("members", priority=4),
+    ]
+    table_rows = [
+        {
+            "team": row.team,
+            "capacity": row.capacity.value,
+            "members": str(row.members),
+            "guaranteed": str(row.guaranteed_gpus),
+            "may_borrow": str(row.borrow_gpus),
+            "held": str(row.held_gpus),
+            "borrowed": str(row.borrowed_gpus),
+            "lent": str(row.lent_gpus),
+            "waiting_jobs": str(row.waiting_jobs) if row.waiting_jobs else "",
+            "spent_budget": _money(row.spent_usd, row.monthly_budget_usd),
+        }
+        for row in rows
+    ]
+    print_table(columns, table_rows, output, [row.model_dump(mode="json") for row in rows])
+    if output is Output.JSON:
         return
-    table = Table(
-        "team", "capacity", "members", "guaranteed", "may borrow", "held", "borrowed", "lent",
-        "waiting jobs", "spent / budget",
-    )  # fmt: skip
-    for row in rows:
-        table.add_row(
-            row.team,
-            row.capacity.value,
-            str(row.members),
-            str(row.guaranteed_gpus),
-            str(row.borrow_gpus),
-            str(row.held_gpus),
-            str(row.borrowed_gpus),
-            str(row.lent_gpus),
-            str(row.waiting_jobs) if row.waiting_jobs else "",
-            _money(row.spent_usd, row.monthly_budget_usd),
-        )
-    out.print(table)
     out.print(f"as of {status.at:%H:%M:%S}")
 
 
@@ -505,14 +671,6 @@ def _pairs(items: list[str], flag: str) -> dict[str, str]:
             raise CliError(f"{flag} takes KEY=VALUE, not {item!r}", 2)
         pairs[key] = value
     return pairs
-
-
-def duration_s(text: str) -> int:
-    match = _DURATION.match(text.strip())
-    if match is None:
-        raise CliError(f"not a duration: {text!r} (use e.g. 90s, 10m, 2h)", 2)
-    value, unit = match.groups()
-    return int(value) * {"": 1, "s": 1, "m": 60, "h": 3600}[unit]
 
 
 def _run(factory: Callable[[], Awaitable[T]]) -> T:
@@ -677,17 +835,22 @@ def _deadline_cell(record: JobRecord, now: datetime) -> str:
     if outlook is None:
         return ""
     if not record.is_active:
-        return "met" if outlook.on_track else "[red]missed[/]"
+        return "met" if outlook.on_track else "missed"
     left = span_text(max(outlook.left_s, 0))
     if outlook.on_track is None:
         return left
-    return left if outlook.on_track else f"[red]{left} late[/]"
+    return left if outlook.on_track else f"{left} late"
 
 
-def _state(record: JobRecord) -> str:
-    colours = {"succeeded": "green", "failed": "red", "rejected": "red", "running": "cyan"}
-    state = record.state.value
-    return f"[{colours.get(state, 'yellow')}]{state}[/]"
+def _late_style(cell: str) -> str | None:
+    return "red" if cell == "missed" or cell.endswith(" late") else None
+
+
+_STATE_COLOURS = {"succeeded": "green", "failed": "red", "rejected": "red", "running": "cyan"}
+
+
+def _state_style(state: str) -> str:
+    return _STATE_COLOURS.get(state, "yellow")
 
 
 def _age(delta: Any) -> str:

@@ -17,7 +17,7 @@ _PREFIX = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
 _STREAM = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
-def register_nats_commands(app: typer.Typer) -> None:
+def register(app: typer.Typer) -> None:
     app.command(name="nats-config")(nats_config)
 
 

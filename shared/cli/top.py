@@ -250,7 +250,7 @@ async def connected_reader(settings: BusSettings | None = None) -> AsyncIterator
 # --- the command -----------------------------------------------------------------------
 
 
-def register_top_command(app: typer.Typer) -> None:
+def register(app: typer.Typer) -> None:
     app.command()(top)
 
 

@@ -21,7 +21,7 @@ from shared.natsauth.files import add_person, person_env, write_env_file
 users_app = typer.Typer(help="People with credentials of their own (a secure stack).")
 
 
-def register_user_commands(app: typer.Typer) -> None:
+def register(app: typer.Typer) -> None:
     app.add_typer(users_app, name="users")
 
 

@@ -90,7 +90,7 @@ def test_a_high_priority_job_makes_a_running_one_checkpoint_and_give_way(
     )  # fmt: skip
     settings = BusSettings(nats_url=teams_stack["SPOTRAIN_NATS_URL"])
 
-    async def story() -> None:
+    async def story() -> str:
         async with await SpotrainClient.connect(settings) as client:
             await until(
                 client, low, "progress past its first checkpoint",
@@ -124,8 +124,10 @@ def test_a_high_priority_job_makes_a_running_one_checkpoint_and_give_way(
             assert done.attempts[1].started_at > ended, "it went on once the high one ran"
             print(f"priority_preemption_s: {preemption_s:.1f}")
             print(f"priority_victim_steps_lost: {reached - second.from_step}")
+            return high
 
-    asyncio.run(story())
+    high = asyncio.run(story())
     shown = spotrain(teams_stack, "show", low)
     assert shown.returncode == 0, shown.stderr
-    assert "priority" in shown.stdout
+    [first] = [line for line in shown.stdout.splitlines() if "#1 " in line]
+    assert f"ended by priority, gave way to {high}" in first

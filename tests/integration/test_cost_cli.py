@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 from datetime import UTC, datetime, timedelta
+from fractions import Fraction
 from pathlib import Path
 
 import pytest
@@ -16,9 +17,9 @@ import pytest
 from shared.client import SpotrainClient
 from shared.cost import GroupBy, cost_rows
 from shared.cost.billing_export import ledger_by_node_day
-from shared.events.data import JobRequested
-from shared.events.types import Bundle
-from shared.jobs import JobRecord, JobState, jobs_bucket
+from shared.events.data import InterruptionCause, JobRequested
+from shared.events.types import Bundle, CapacityClass
+from shared.jobs import Attempt, AttemptState, JobRecord, JobState, jobs_bucket
 from shared.messaging import BusSettings
 from shared.messaging.jetstream import JetStreamBus
 from shared.pools import SIGHTINGS_KEY, NodeSightings, pools_bucket
@@ -50,15 +51,44 @@ async def story(jetstream_bus: JetStreamBus) -> Story:
         state=JobState.SUCCEEDED,
         accepted_at=told.t(0),
         updated_at=told.t(1360),
+        attempts=(
+            Attempt(
+                number=1,
+                submission_id="job-a-1",
+                state=AttemptState.LOST,
+                submitted_at=told.t(1),
+                started_at=told.t(100),
+                ended_at=told.t(700),
+                step=60,
+                nodes=("spot-1",),
+                cause=InterruptionCause.PREEMPTED,
+            ),
+            Attempt(
+                number=2,
+                submission_id="job-a-2",
+                state=AttemptState.SUCCEEDED,
+                submitted_at=told.t(705),
+                started_at=told.t(760),
+                ended_at=told.t(1360),
+                step=100,
+                total_steps=100,
+                nodes=("od-1",),
+                capacity=CapacityClass.ON_DEMAND,
+                pool="od",
+                from_step=40,
+            ),
+        ),
     )
     await jobs.put("job-a", record.model_dump_json().encode())
     return told
 
 
-def spotrain(settings: BusSettings, *args: str) -> subprocess.CompletedProcess[str]:
+def spotrain(
+    settings: BusSettings, *args: str, columns: int = 200
+) -> subprocess.CompletedProcess[str]:
     env = {
         **os.environ,
-        "COLUMNS": "200",
+        "COLUMNS": str(columns),
         "SPOTRAIN_NATS_URL": settings.nats_url,
         "SPOTRAIN_SUBJECT_PREFIX": settings.subject_prefix,
     }
@@ -151,6 +181,52 @@ async def test_ls_and_show_carry_the_cost_so_far(story: Story, bus_settings: Bus
     assert (
         "cost so far: $0.2100, 0.33 GPU-hours, $0.0200 of it lost to preemptions, "
         "$0.0900 saved against on-demand" in shown.stdout
+    )
+    # Described attempt by attempt: where each ran, why it ended, the steps a restart went
+    # back, and its share of the bill, the shares summing to the job's.
+    [first] = [line for line in shown.stdout.splitlines() if "#1 " in line]
+    [second] = [line for line in shown.stdout.splitlines() if "#2 " in line]
+    assert "#1 lost on spot-1" in first
+    assert "ended by preempted, 20 steps lost" in first
+    assert "#2 succeeded on od-1 (od, on-demand)" in second
+    assert "from step 40" in second
+    shares = [Fraction(line.rsplit("$", 1)[1]) for line in (first, second)]
+    assert sum(shares) == Fraction("0.21")
+    assert "progress: step 100/100" in shown.stdout
+    record = json.loads(spotrain(bus_settings, "show", "job-a", "-o", "json").stdout)
+    assert record["state"] == "succeeded"
+    assert [a["number"] for a in record["attempts"]] == [1, 2]
+
+
+async def test_ls_fits_80_columns_and_says_all_with_wide_or_json(
+    story: Story, bus_settings: BusSettings
+) -> None:
+    narrow = spotrain(bus_settings, "ls", "--all", columns=80)
+    assert narrow.returncode == 0, narrow.stderr
+    lines = narrow.stdout.splitlines()
+    assert lines[0].split()[:3] == ["JOB", "STATE", "COST"]
+    assert "…" not in narrow.stdout
+    assert all(len(line) <= 80 for line in lines)
+    wide = spotrain(bus_settings, "ls", "--all", "-o", "wide", columns=80)
+    assert wide.stdout.splitlines()[0].split() == [
+        "JOB", "STATE", "COST", "GPUS", "AGE", "ATTEMPT", "CAPACITY", "EXPERIMENT", "OWNER",
+    ]  # fmt: skip
+    as_json = spotrain(bus_settings, "ls", "--all", "-o", "json")
+    assert as_json.returncode == 0, as_json.stderr
+    [row] = json.loads(as_json.stdout)
+    assert row["job"] == "job-a"
+    assert row["cost_usd"] == pytest.approx(0.21)
+    assert row["attempt"] == 2
+    tiny = spotrain(bus_settings, "ls", columns=30)
+    assert tiny.returncode == 2
+    assert tiny.stderr.strip() == (
+        "spotrain: error: the terminal is 30 columns wide; tables need 40 (or use -o json)"
+    )
+    # A job whose attempt ran to its end has no node to preempt: one line, nothing killed.
+    preempted = spotrain(bus_settings, "preempt", "--job", "job-a")
+    assert preempted.returncode == 2
+    assert preempted.stderr.strip() == (
+        "spotrain: error: job-a has no running attempt on a node (succeeded)"
     )
 
 

@@ -204,9 +204,12 @@ async def test_the_cli_trains_the_digits_example_with_progress_and_checkpoints(
     watched = await asyncio.to_thread(cli, cluster, "watch", "digits-1")
     assert watched.returncode == 0, watched.stderr
     assert "succeeded" in watched.stdout
-    shown = await asyncio.to_thread(cli, cluster, "show", "digits-1")
-    assert "spotrain.job.progress.v1" in shown.stdout
-    assert '"state": "succeeded"' in shown.stdout
+    shown = await asyncio.to_thread(cli, cluster, "show", "digits-1", "--events")
+    assert "state: succeeded" in shown.stdout
+    assert "  #1 succeeded on " in shown.stdout
+    assert "job.progress" in shown.stdout
+    described = await asyncio.to_thread(cli, cluster, "show", "digits-1", "-o", "json")
+    assert json.loads(described.stdout)["state"] == "succeeded"
 
 
 async def test_the_cli_says_why_a_job_did_not_run(

@@ -9,7 +9,7 @@ import typer
 from typer.testing import CliRunner
 
 from shared.cli.console import CliError
-from shared.cli.nats_config import register_nats_commands
+from shared.cli.nats_config import register
 from shared.natsauth import Role, read_passwords
 
 
@@ -20,7 +20,7 @@ def _app() -> typer.Typer:
     def root() -> None:
         """Commands are sub-commands, as in `spotrain`."""
 
-    register_nats_commands(app)
+    register(app)
     return app
 
 

@@ -1,0 +1,222 @@
+"""The local stack's commands: up, down, status, preempt, and the demo, simulate and
+schema tools that run on this machine."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from shared.cli.console import CliError, duration_s, err, out
+from shared.localstack import stack
+from shared.localstack.market import check_market_pools
+from shared.localstack.settings import LocalStackSettings
+from shared.spot_traces import SpotMarketOption, parse_spot_market
+
+
+def register(app: typer.Typer) -> None:
+    for command in (up, down, status, schema, demo, preempt):
+        app.command()(command)
+    app.command(
+        context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+        add_help_option=False,
+    )(simulate)
+
+
+def up(
+    secure: Annotated[
+        bool,
+        typer.Option(
+            "--secure", help="One NATS user per component, allowed only the subjects it needs."
+        ),
+    ] = False,
+    prometheus: Annotated[
+        bool, typer.Option("--prometheus", help="Also run Prometheus, scraping services and Ray.")
+    ] = False,
+    spot_market: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--spot-market",
+            metavar="POOL=FILE[,SPEEDUP]",
+            help="The spot pool follows a market trace (../shared/traces/spot), one trace "
+            "hour in 3600/SPEEDUP s: growth fails while it is stocked out, held nodes are "
+            "preempted with a notice when its count drops. Repeatable.",
+        ),
+    ] = None,
+) -> None:
+    """Start the local stack: NATS JetStream, a Ray head, the four services."""
+    markets = _spot_markets(spot_market or [])
+    env = LocalStackSettings()  # a flag turns a setting on; without it the environment decides
+    settings = LocalStackSettings(
+        secure=secure or env.secure, prometheus=prometheus or env.prometheus
+    )
+    statuses = stack.up(
+        settings, progress=lambda line: err.print(f"[dim]{line}[/dim]"), markets=markets
+    )
+    _print_statuses(statuses)
+    # One line whatever the terminal's width: a person copies the export whole.
+    out.print(
+        f"stack is up; state in {settings.home}; export SPOTRAIN_NATS_URL={settings.nats_url}",
+        soft_wrap=True,
+        highlight=False,
+    )
+    if settings.is_secure:
+        cli_env = settings.nats_auth_dir / "cli.env"
+        out.print(
+            f"secure bus: load the CLI's credentials with: set -a; . {cli_env}; set +a",
+            soft_wrap=True,
+        )
+
+
+def _spot_markets(values: list[str]) -> list[SpotMarketOption]:
+    try:
+        options = [parse_spot_market(value) for value in values]
+        check_market_pools(options)
+    except ValueError as error:
+        raise CliError(str(error), 2) from None
+    return options
+
+
+def down() -> None:
+    """Stop everything `spotrain up` started, and nothing else."""
+    settings = LocalStackSettings()
+    stopped = stack.down(settings, progress=lambda line: err.print(f"[dim]{line}[/dim]"))
+    out.print(f"stopped: {', '.join(stopped)}" if stopped else "nothing was running")
+
+
+def status() -> None:
+    """Show each part of the local stack and whether it is healthy (exit 1 if not)."""
+    statuses = stack.status(LocalStackSettings())
+    _print_statuses(statuses)
+    if any(s.state is not stack.State.HEALTHY for s in statuses):
+        raise typer.Exit(1)
+
+
+def schema(
+    out_dir: Annotated[
+        Path, typer.Option("--out", help="Folder for the JSON Schemas and AsyncAPI document.")
+    ] = Path("docs/events"),
+) -> None:
+    """Write the JSON Schema of every event and an AsyncAPI 3 document."""
+    from shared.events.schema_export import write_documents  # noqa: PLC0415  # rarely used, slow
+
+    written = write_documents(out_dir)
+    out.print(f"wrote {len(written)} files to {out_dir}")
+
+
+def demo(
+    workdir: Annotated[Path, typer.Option(help="The folder of examples/train_digits.py.")] = Path(
+        "examples"
+    ),
+    notice: Annotated[
+        str, typer.Option(help="Preemption notice, e.g. 10s; 0 preempts without notice.")
+    ] = "0",
+    preemptions: Annotated[
+        int, typer.Option(min=1, max=3, help="Preempt the job this many times in a row.")
+    ] = 1,
+    timeout: Annotated[
+        str | None, typer.Option(help="How long the whole demo may take (5m; 8m with --market).")
+    ] = None,
+    market: Annotated[
+        bool,
+        typer.Option(
+            "--market",
+            help="A deadline job rides a stock-out of the stack's spot market: spot, "
+            "on-demand, back to spot (start the stack with `up --spot-market`).",
+        ),
+    ] = False,
+) -> None:
+    """Train on a spot node, preempt it mid-run, and watch the job resume from its checkpoint."""
+    if market:
+        from shared.cli.market_demo import run_market_demo  # noqa: PLC0415  # imports nats
+
+        timeout_s = duration_s(timeout or "8m")
+        asyncio.run(run_market_demo(out, workdir=workdir, timeout_s=timeout_s))
+        return
+    from shared.cli.demo import DemoRun, run_demo  # noqa: PLC0415  # imports nats and numpy
+
+    run = DemoRun(preempt_at_steps=(70, 130, 190)[:preemptions])
+    asyncio.run(
+        run_demo(
+            out,
+            workdir=workdir,
+            notice_s=duration_s(notice),
+            timeout_s=duration_s(timeout or "5m"),
+            run=run,
+        )
+    )
+
+
+def simulate(context: typer.Context) -> None:
+    """Replay a job trace through the scaler's policy and others, `simulate deadline`: one
+    job with a deadline on a spot market trace, or `simulate teams`: a trace shared by
+    teams under fair share (--help for options)."""
+    # The simulator belongs to the scaler, and the CLI may not import a service: it runs
+    # as the scaler's own tool, with the arguments as given.
+    result = subprocess.run(
+        [sys.executable, "-m", "services.scaler.simulation", *context.args], check=False
+    )
+    if result.returncode:
+        raise typer.Exit(result.returncode)
+
+
+def preempt(
+    node: Annotated[
+        str | None, typer.Argument(help="A node of the local stack (see `spotrain pools`).")
+    ] = None,
+    notice: Annotated[
+        str, typer.Option(help="Notice before the kill, e.g. 30s; 0 kills without notice.")
+    ] = "30s",
+    pick_random: Annotated[
+        bool, typer.Option("--random", help="Preempt a running spot node picked at random.")
+    ] = False,
+    job: Annotated[
+        str | None, typer.Option("--job", help="Preempt the node this job's attempt runs on.")
+    ] = None,
+) -> None:
+    """Preempt a node of the local stack as the cloud would: a notice, the deadline, the kill."""
+    from shared.localstack.nodes import (  # noqa: PLC0415  # only this command needs them
+        NodeFolder,
+        NoSuchNodeError,
+        pick_node,
+    )
+    from shared.localstack.nodes import preempt as preempt_node  # noqa: PLC0415
+
+    notice_s = duration_s(notice)
+    if sum((node is not None, pick_random, job is not None)) != 1:
+        raise CliError("name a node, or pass --random or --job JOB (one of them)", 2)
+    if job is not None:
+        from shared.cli.jobs import running_node  # noqa: PLC0415  # imports the client
+
+        node = running_node(job)
+    folder = NodeFolder(LocalStackSettings().node_dir)
+    try:
+        target = pick_node(folder, node, capacity="spot" if pick_random else None)
+    except NoSuchNodeError as error:
+        raise CliError(str(error)) from None
+    done = preempt_node(
+        folder,
+        target,
+        notice_s=notice_s,
+        on_notice=lambda n: out.print(
+            f"notice posted: {n.node} ({target.pool}) goes at {n.deadline:%H:%M:%S}"
+        ),
+    )
+    out.print(f"preempted {done.node} ({done.pool}): killed {done.processes} processes")
+
+
+def _print_statuses(statuses: list[stack.ComponentStatus]) -> None:
+    table = Table("component", "state", "pid", "endpoint")
+    colours = {
+        stack.State.HEALTHY: "green",
+        stack.State.UNHEALTHY: "red",
+        stack.State.STOPPED: "dim",
+    }
+    for s in statuses:
+        table.add_row(s.name, f"[{colours[s.state]}]{s.state}[/]", str(s.pid or "-"), s.endpoint)
+    out.print(table)
