@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import ast
 import importlib
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import typer
@@ -77,3 +79,32 @@ def test_an_unknown_command_is_one_line() -> None:
     )
     assert result.returncode == 2
     assert result.stderr.strip().splitlines()[0].startswith("spotrain: error: No such command")
+
+
+@pytest.mark.parametrize(
+    ("words", "cword", "expected"),
+    [
+        pytest.param("spotrain pre", 1, ["preempt"], id="a-command"),
+        # A lazy command's options complete: completion builds it as running it would.
+        pytest.param("spotrain ls --", 2, ["--all", "--output", "--help"], id="its-options"),
+    ],
+)
+def test_shell_completion_reaches_lazy_commands(
+    words: str, cword: int, expected: list[str]
+) -> None:
+    # Completion is keyed by the program's name: the console script's.
+    result = subprocess.run(
+        [str(Path(sys.executable).parent / "spotrain")],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+        env={
+            **os.environ,
+            "_SPOTRAIN_COMPLETE": "complete_bash",
+            "COMP_WORDS": words,
+            "COMP_CWORD": str(cword),
+        },
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == expected
