@@ -6,6 +6,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+DEMO_STAMP := $(VENV)/.installed-demo
 
 .PHONY: demo demo-market test lint down bench clean
 
@@ -15,7 +16,14 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
-demo: $(STAMP)
+# The demo installs the runtime and what its training needs only: no test tools.
+$(DEMO_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[demo]'
+	touch $(DEMO_STAMP)
+
+demo: $(DEMO_STAMP)
 	$(BIN)/spotrain up
 	$(BIN)/spotrain demo
 	$(BIN)/spotrain submit train_digits.py --workdir examples --spot --experiment demo \
@@ -24,7 +32,7 @@ demo: $(STAMP)
 	@echo "The stack keeps running: $(BIN)/spotrain status | $(BIN)/spotrain down"
 
 # A deadline job rides a stock-out of a spot market (x20: a trace minute in 3 s).
-demo-market: $(STAMP)
+demo-market: $(DEMO_STAMP)
 	$(BIN)/spotrain down
 	$(BIN)/spotrain up --spot-market gpu-spot=examples/spot-stock-out.json,20
 	$(BIN)/spotrain demo --market
@@ -51,7 +59,7 @@ $(TOOLS)/prometheus:
 test: lint $(TOOLS)/helm $(TOOLS)/prometheus
 	$(BIN)/pytest
 
-down: $(STAMP)
+down: $(DEMO_STAMP)
 	$(BIN)/spotrain down
 
 bench: $(STAMP)
