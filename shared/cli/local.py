@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
-from shared.cli.console import CliError, duration_s, err, out
+from shared.cli.console import CliError, duration_s, err, out, print_table
+from shared.cli.tables import Column, Output
 from shared.localstack import stack
 from shared.localstack.market import check_market_pools
 from shared.localstack.settings import LocalStackSettings
@@ -210,13 +210,27 @@ def preempt(
     out.print(f"preempted {done.node} ({done.pool}): killed {done.processes} processes")
 
 
+_STATE_COLOURS = {
+    stack.State.HEALTHY.value: "green",
+    stack.State.UNHEALTHY.value: "red",
+    stack.State.STOPPED.value: "dim",
+}
+
+
 def _print_statuses(statuses: list[stack.ComponentStatus]) -> None:
-    table = Table("component", "state", "pid", "endpoint")
-    colours = {
-        stack.State.HEALTHY: "green",
-        stack.State.UNHEALTHY: "red",
-        stack.State.STOPPED: "dim",
-    }
-    for s in statuses:
-        table.add_row(s.name, f"[{colours[s.state]}]{s.state}[/]", str(s.pid or "-"), s.endpoint)
-    out.print(table)
+    columns = [
+        Column("component"),
+        Column("state", style=_STATE_COLOURS.get),
+        Column("endpoint", priority=1),
+        Column("pid", priority=2),
+    ]
+    rows = [
+        {
+            "component": s.name,
+            "state": str(s.state),
+            "pid": str(s.pid or "-"),
+            "endpoint": s.endpoint,
+        }
+        for s in statuses
+    ]
+    print_table(columns, rows, Output.TABLE, [])
