@@ -13,8 +13,9 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from shared.cli.console import CliError, duration_s, err, out
+from shared.cli.console import CliError, OutputOption, duration_s, err, out, print_table
 from shared.cli.jobs import iso_moment
+from shared.cli.tables import Column, Output
 from shared.client import SpotrainClient
 from shared.cost import (
     CostRow,
@@ -71,6 +72,7 @@ def cost(  # noqa: PLR0917  # a typer command: its options are its parameters
     as_json: Annotated[
         bool, typer.Option("--json", help="A JSON array, one object per row, for tools.")
     ] = False,
+    output: OutputOption = Output.TABLE,
     check: Annotated[
         bool,
         typer.Option(
@@ -102,10 +104,10 @@ def cost(  # noqa: PLR0917  # a typer command: its options are its parameters
         _print_reconciliation(view, export, as_json=as_json)
         return
     rows = cost_rows(view.ledger, by, experiment)
-    if as_json:
+    if as_json or output is Output.JSON:
         print(json.dumps([row.as_json(by) for row in rows]))
         return
-    _print_table(view.ledger, rows, by, experiment)
+    _print_table(view.ledger, rows, by, experiment, output)
     _warn_unaccounted(view.unaccounted)
 
 
@@ -276,20 +278,24 @@ def _overrides(path: Path) -> dict[str, PoolPrice]:
         raise CliError(f"{path}: {error}", 2) from None
 
 
-def _print_table(ledger: Ledger, rows: list[CostRow], by: GroupBy, experiment: str | None) -> None:
-    columns = [by.value, "cost", "GPU-hours", "waste", "saving vs on-demand"]
-    if by is GroupBy.POOL:
-        columns.insert(2, "idle")
-    table = Table(*columns, show_footer=bool(rows))
-    for row in rows:
-        name = f"[dim](idle {row.idle_pool})[/]" if row.idle_pool else (row.key or "-")
-        table.add_row(*_cells(name, row, by))
+def _print_table(
+    ledger: Ledger, rows: list[CostRow], by: GroupBy, experiment: str | None, output: Output
+) -> None:
+    columns = [
+        Column(by.value, style=lambda cell: "dim" if cell.startswith("(idle ") else None),
+        Column("cost"),
+        *([Column("idle", priority=2)] if by is GroupBy.POOL else []),
+        Column("gpu_hours", priority=1),
+        Column("waste", priority=1),
+        Column("saving", priority=2),
+    ]
+    cells = [_cells(f"(idle {r.idle_pool})" if r.idle_pool else (r.key or "-"), r) for r in rows]
     if rows:
-        for column, cell in zip(table.columns, _cells("total", total(rows), by), strict=True):
-            column.footer = cell
+        # The bill's total is the last row, as on an invoice.
+        cells.append(_cells("total", total(rows)))
+    print_table(columns, [{by.value: c.pop("key"), **c} for c in cells], output, [])
     window = f"{ledger.start.astimezone():%Y-%m-%d %H:%M} to {ledger.end.astimezone():%H:%M}"
     scope = f" for experiment {experiment}" if experiment else ""
-    out.print(table)
     out.print(f"[dim]node-seconds billed from {window}{scope}[/]")
     inputs = ledger.inputs
     if inputs.pools_without_baseline:
@@ -303,14 +309,12 @@ def _print_table(ledger: Ledger, rows: list[CostRow], by: GroupBy, experiment: s
         )
 
 
-def _cells(name: str, row: CostRow, by: GroupBy) -> list[str]:
-    cells = [
-        name,
-        format_usd(row.cost_usd),
-        f"{float(row.gpu_hours):.2f}",
-        format_usd(row.waste_usd),
-        format_usd(row.saving_vs_on_demand_usd),
-    ]
-    if by is GroupBy.POOL:
-        cells.insert(2, format_usd(row.idle_usd))
-    return cells
+def _cells(name: str, row: CostRow) -> dict[str, str]:
+    return {
+        "key": name,
+        "cost": format_usd(row.cost_usd),
+        "idle": format_usd(row.idle_usd),
+        "gpu_hours": f"{float(row.gpu_hours):.2f}",
+        "waste": format_usd(row.waste_usd),
+        "saving": format_usd(row.saving_vs_on_demand_usd),
+    }

@@ -164,9 +164,11 @@ async def test_cost_by_pool_for_one_experiment_and_since(
 async def test_the_table_ends_with_the_bill(story: Story, bus_settings: BusSettings) -> None:
     result = spotrain(bus_settings, "cost", "--by", "experiment")
     assert result.returncode == 0, result.stderr
-    [total] = [line for line in result.stdout.splitlines() if "total" in line]
-    cells = [cell.strip() for cell in total.split("│") if cell.strip()]
-    assert cells == ["total", "$0.5850", "0.88", "$0.0200", "$0.2100"]
+    lines = result.stdout.splitlines()
+    assert lines[0].split() == ["EXPERIMENT", "COST", "GPU", "HOURS", "WASTE", "SAVING"]
+    [total] = [line for line in lines if line.startswith("total ")]
+    assert total.split() == ["total", "$0.5850", "0.88", "$0.0200", "$0.2100"]
+    assert lines.index(total) == len(lines) - 2, "the bill's total, then the window it covers"
     assert "exp-1" in result.stdout
     assert "(idle gpu-spot)" in result.stdout
 
