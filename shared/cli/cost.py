@@ -14,7 +14,7 @@ import typer
 from rich.table import Table
 
 from shared.cli.console import CliError, OutputOption, duration_s, err, out, print_table
-from shared.cli.jobs import iso_moment
+from shared.cli.job_actions import iso_moment
 from shared.cli.tables import Column, Output
 from shared.client import SpotrainClient
 from shared.cost import (

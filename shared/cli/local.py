@@ -191,7 +191,7 @@ def preempt(
     if sum((node is not None, pick_random, job is not None)) != 1:
         raise CliError("name a node, or pass --random or --job JOB (one of them)", 2)
     if job is not None:
-        from shared.cli.jobs import running_node  # noqa: PLC0415  # imports the client
+        from shared.cli.job_actions import running_node  # noqa: PLC0415  # imports the client
 
         node = running_node(job)
     folder = NodeFolder(LocalStackSettings().node_dir)

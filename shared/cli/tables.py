@@ -24,6 +24,13 @@ class Output(StrEnum):
     JSON = "json"
 
 
+class ShowOutput(StrEnum):
+    """What `show` prints: a description for a person, or the record for a script."""
+
+    TEXT = "text"
+    JSON = "json"
+
+
 @dataclass(frozen=True)
 class Column:
     """A column of a table. `priority` 0: always shown; on a narrow terminal the highest

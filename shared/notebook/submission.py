@@ -21,7 +21,7 @@ from shared.cli.console import CliError
 
 # The CLI's own rules for these options, shared rather than copied. They are private to the
 # CLI until its `submit` is split into "options → request" and "upload → publish".
-from shared.cli.jobs import (
+from shared.cli.job_actions import (
     build_request,
     request_fields,
     require_ray_train,

@@ -30,7 +30,7 @@ from services.submitter.handlers import on_job_requested, on_job_resumed, track_
 from services.submitter.model import RayJobState
 from services.submitter.policy import eta_s
 from shared.checkpoints import ProgressReport
-from shared.cli.jobs import _show_progress, eta_text
+from shared.cli.job_actions import _show_progress, eta_text
 from shared.cost import CostFold, CostInputs, JobInfo, Ledger, attribute, ledger
 from shared.events import Event, new_event
 from shared.events.data import (

@@ -1,0 +1,749 @@
+"""What the job commands do (`shared.cli.jobs` declares them): submit, ls, show, logs,
+watch, cancel, pools, teams. Imported when one of them runs: it brings the client, the
+bus and the event models, which a command's help does without."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import time
+import urllib.error
+import urllib.request
+from collections import defaultdict
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from datetime import UTC, datetime, timedelta
+from fractions import Fraction
+from pathlib import Path
+from typing import Any, TypeVar
+
+import typer
+from pydantic import ValidationError
+from rich.progress import BarColumn, Progress, TaskID, TextColumn
+
+from shared.cli.console import CliError, duration_s, err, out, print_table
+from shared.cli.tables import Column, Output, ShowOutput
+from shared.client import PlatformError, SpotrainClient, current_user, new_job_id
+from shared.cost import CostRow, Ledger, format_usd, job_costs
+from shared.cost.attribution import Charge
+from shared.elastic import WorkerRange, is_ray_train_script, most_workers, parse_workers
+from shared.events import Event, EventData
+from shared.events.data import JobFailed, JobProgress, JobRejected, JobRequested, JobResized
+from shared.events.types import Bundle, CapacityClass
+from shared.jobs import (
+    Attempt,
+    AttemptState,
+    JobRecord,
+    deadline_outlook,
+    deadline_refusal,
+    span_text,
+)
+from shared.pools import PoolsStatus, PoolStatus
+from shared.teams import team_uses
+from shared.workspace import WorkspaceError
+
+T = TypeVar("T")
+
+
+def submit(params: Mapping[str, Any]) -> None:
+    """What `spotrain submit` does, from its options by name as click parsed them."""
+    script, args, workdir, wait = (
+        params["script"],
+        params["args"],
+        params["workdir"],
+        params["wait"],
+    )
+    if not workdir.is_dir():
+        raise CliError(f"working directory {workdir} does not exist", 2)
+    entrypoint = script_entrypoint(script, args or [], workdir)
+    # The options by name, as click parsed them: the notebook magics build from the same.
+    fields = request_fields(params, entrypoint)
+    if fields["max_workers"] is not None:
+        require_ray_train(script, script_source(script, workdir), fields)
+    # Validate before anything is uploaded: a bad value costs nothing.
+    request = build_request(fields)
+    if request.deadline is not None:
+        # The submitter refuses it too (any tool may publish); here it costs no upload.
+        refusal = deadline_refusal(
+            now=datetime.now(UTC), deadline=request.deadline, estimate_s=request.estimate_s
+        )
+        if refusal is not None:
+            raise CliError(f"refused: {refusal}", 2)
+
+    asked = request
+
+    async def go() -> int:
+        async with await SpotrainClient.connect() as client:
+            if asked.num_workers > 1:
+                _refuse_a_gang_no_pool_holds(asked, await client.pools())
+            try:
+                fields["working_dir"] = await client.upload_workspace(workdir)
+            except WorkspaceError as error:
+                raise CliError(str(error), 2) from None
+            request = build_request(fields)
+            answer = await client.submit(request)
+            if answer is None:
+                err.print("[yellow]the submitter has not answered yet; the request is queued[/]")
+            elif isinstance(answer.data, JobRejected):
+                raise CliError(f"rejected: {answer.data.detail}")
+            if wait:
+                return await _follow(client, request.job_id)
+            return 0
+
+    code = _run(go)
+    out.print(fields["job_id"])
+    if code:
+        raise typer.Exit(code)
+
+
+def list_jobs(everyone: bool, output: Output) -> None:
+    """What `spotrain ls` does."""
+
+    async def go(client: SpotrainClient) -> tuple[list[JobRecord], dict[str, CostRow]]:
+        return await client.jobs(), job_costs(await client.costs())
+
+    records, costs = _run(lambda: _with_client(go))
+    me = current_user()
+    now = datetime.now(UTC)
+    shown = [record for record in records if everyone or record.request.owner == me]
+    with_deadlines = any(record.request.deadline is not None for record in shown)
+    rows = [_job_row(record, costs.get(record.job_id), now) for record in shown]
+    columns = [
+        # Read and copied: the id and the state, whatever the width.
+        Column("job"),
+        Column("state", style=_state_style),
+        Column("cost", priority=1),
+        *([Column("deadline", priority=1, style=_late_style)] if with_deadlines else []),
+        Column("gpus", priority=2),
+        Column("age", priority=2),
+        Column("attempt", priority=3),
+        Column("capacity", priority=3),
+        Column("experiment", priority=4),
+        # Mine, unless --all: then whose it is matters as much as its size.
+        Column("owner", priority=2 if everyone else 5),
+    ]
+    as_json = [
+        {
+            "job": record.job_id,
+            "state": record.state.value,
+            "attempt": record.current.number if record.current else None,
+            "capacity": record.request.capacity.value,
+            "gpus": record.gpus,
+            "accepted_at": record.accepted_at.isoformat(),
+            "cost_usd": float(costs[record.job_id].cost_usd) if record.job_id in costs else None,
+            "deadline": record.request.deadline.isoformat() if record.request.deadline else None,
+            "experiment": record.request.experiment,
+            "owner": record.request.owner,
+        }
+        for record in shown
+    ]
+    print_table(columns, rows, output, as_json)
+
+
+def _job_row(record: JobRecord, spent: CostRow | None, now: datetime) -> dict[str, str]:
+    return {
+        "job": record.job_id,
+        "state": record.state.value,
+        "attempt": str(record.current.number if record.current else "-"),
+        "capacity": record.request.capacity.value,
+        "gpus": str(record.gpus),
+        "age": _age(now - record.accepted_at),
+        "cost": format_usd(spent.cost_usd) if spent is not None else "-",
+        "deadline": _deadline_cell(record, now),
+        "experiment": record.request.experiment or "",
+        "owner": record.request.owner,
+    }
+
+
+def show(job_id: str, all_events: bool, output: ShowOutput) -> None:
+    """What `spotrain show` does."""
+
+    async def go(client: SpotrainClient) -> tuple[JobRecord | None, list[Any], Ledger]:
+        record, history = await client.job(job_id), await client.history(job_id)
+        return record, history, await client.costs()
+
+    record, history, ledger = _run(lambda: _with_client(go))
+    if record is None and not history:
+        raise CliError(f"no job {job_id}")
+    if output is ShowOutput.JSON:
+        if record is None:
+            raise CliError(f"{job_id} has events but no record (yet)")
+        print(record.model_dump_json(indent=2, exclude={"request": {"env"}}))
+        return
+    charges = [c for c in ledger.attribution.charges if c.job_id == job_id]
+    if record is not None:
+        for line in describe(record, charges, datetime.now(UTC)):
+            out.print(line, soft_wrap=True, highlight=False)
+    else:
+        out.print(f"job: {job_id} (no record: only events)")
+    out.print(_cost_line(job_costs(ledger).get(job_id)), highlight=False)
+    shown = history if all_events else history[-10:]
+    more = "" if len(shown) == len(history) else f" (last {len(shown)}; --events for all)"
+    out.print(f"events: {len(history)}{more}", highlight=False)
+    for event in shown:
+        out.print(f"  {_event_line(event)}", soft_wrap=True, highlight=False, markup=False)
+
+
+def describe(record: JobRecord, charges: Sequence[Charge], now: datetime) -> list[str]:
+    """A job as `show` describes it, before its cost and events: one fact a line, then a
+    line per attempt (kubectl describe's way)."""
+    request = record.request
+    lines = [
+        f"job: {record.job_id}",
+        f"state: {record.state.value}"
+        + (f" ({record.waiting_for})" if record.is_active and record.waiting_for else ""),
+        f"owner: {request.owner}"
+        + (f", experiment {request.experiment}" if request.experiment else ""),
+        f"asks: {_asks(request)}",
+        f"accepted: {record.accepted_at:%Y-%m-%d %H:%M:%S} ({_age(now - record.accepted_at)} ago)",
+    ]
+    current = record.current
+    if request.num_workers > 1 or request.max_workers is not None:
+        lines.append(_workers_line(request, current.workers if current else None))
+    if current is not None and current.step is not None:
+        lines.append(f"progress: {_progress(current)}")
+    if request.deadline is not None:
+        lines.append(_deadline_line(record, now))
+    lines.append(f"attempts: {len(record.attempts)}")
+    by_attempt: dict[int, Fraction] = defaultdict(Fraction)
+    for charge in charges:
+        if charge.attempt is not None:
+            by_attempt[charge.attempt] += charge.cost_usd
+    for index, attempt in enumerate(record.attempts):
+        after = record.attempts[index + 1] if index + 1 < len(record.attempts) else None
+        lines.append("  " + _attempt_line(attempt, after, by_attempt.get(attempt.number)))
+    return lines
+
+
+def _asks(request: JobRequested) -> str:
+    """`2 GPU(s) nvidia-l4 x 2..4 worker(s), spot, priority 5, up to 3 restart(s)`"""
+    worker = request.worker
+    each = f"{worker.gpus} GPU(s)" if worker.gpus else f"{worker.cpus:g} CPU(s)"
+    if worker.gpu_type:
+        each += f" {worker.gpu_type}"
+    workers = WorkerRange(min=request.num_workers, max=request.max_workers or request.num_workers)
+    return (
+        f"{each} x {workers} worker(s), {request.capacity.value}, priority {request.priority}, "
+        f"up to {request.max_restarts} restart(s)"
+    )
+
+
+def _progress(attempt: Attempt) -> str:
+    total = f"/{attempt.total_steps}" if attempt.total_steps else ""
+    metrics = "".join(f", {k} {v:.4g}" for k, v in sorted(attempt.metrics.items()))
+    eta = f", ETA {eta_text(attempt.eta_s)}" if attempt.state is AttemptState.RUNNING else ""
+    return f"step {attempt.step}{total}{metrics}{eta}"
+
+
+def _attempt_line(attempt: Attempt, after: Attempt | None, cost: Fraction | None) -> str:
+    """`#2 running on gpu-spot-3 (gpu-spot, spot) 10:02:11-, from step 120, $0.0123`"""
+    where = ", ".join(attempt.worker_nodes or attempt.nodes) or "no node yet"
+    pool = (
+        f" ({attempt.pool}, {attempt.capacity.value})" if attempt.pool and attempt.capacity else ""
+    )
+    start = attempt.started_at or attempt.submitted_at
+    span = f"{start:%H:%M:%S}-{f'{attempt.ended_at:%H:%M:%S}' if attempt.ended_at else ''}"
+    parts = [f"#{attempt.number} {attempt.state.value} on {where}{pool} {span}"]
+    if attempt.from_step:
+        parts.append(f"from step {attempt.from_step}")
+    why = attempt.cause or (attempt.give_way if attempt.ended_at is not None else None)
+    if why is not None:
+        parts.append(f"ended by {why.value}")
+    if attempt.give_way_for is not None:
+        parts.append(f"gave way to {attempt.give_way_for}")
+    if after is not None and attempt.step is not None:
+        parts.append(f"{max(attempt.step - after.from_step, 0)} steps lost")
+    if cost is not None:
+        parts.append(format_usd(cost))
+    return ", ".join(parts)
+
+
+def _event_line(event: Event[EventData]) -> str:
+    """`10:02:11  job.started  submitter  attempt=2 node="gpu-spot-3"`: one line an event."""
+    data = event.data.model_dump(
+        mode="json", exclude_defaults=True, exclude={"job_id", "entrypoint", "env"}
+    )
+    fields = " ".join(f"{k}={json.dumps(v, separators=(',', ':'))}" for k, v in data.items())
+    if len(fields) > 100:
+        fields = fields[:97] + "..."
+    kind = event.type.removeprefix("spotrain.").rsplit(".", 1)[0]
+    return f"{event.time:%H:%M:%S}  {kind}  {event.source}  {fields}".rstrip()
+
+
+def logs(job_id: str, follow: bool, attempt: int | None) -> None:
+    """What `spotrain logs` does."""
+    record = _run(lambda: _with_client(lambda c: c.job(job_id)))
+    if record is None:
+        raise CliError(f"no job {job_id}")
+    dashboard = os.environ.get("SPOTRAIN_RAY_ADDRESS", "http://127.0.0.1:8265").rstrip("/")
+    attempts = [a for a in record.attempts if attempt is None or a.number == attempt]
+    if not attempts:
+        raise CliError(f"{job_id} has no attempt {attempt}")
+    for item in attempts[:-1] if follow else attempts:
+        _print_logs(dashboard, item.submission_id, item.number, len(record.attempts) > 1)
+    if follow:
+        _follow_logs(dashboard, job_id, attempts[-1].submission_id)
+
+
+def watch(job_id: str) -> None:
+    """What `spotrain watch` does."""
+    code = _run(lambda: _with_client(lambda c: _watch(c, job_id)))
+    if code:
+        raise typer.Exit(code)
+
+
+def running_node(job_id: str) -> str:
+    """The node a job's running attempt is on (a worker's, for a multi-node job): the one
+    `spotrain preempt --job` takes away."""
+    record = _run(lambda: _with_client(lambda c: c.job(job_id)))
+    if record is None:
+        raise CliError(f"no job {job_id}", 2)
+    current = record.current
+    nodes = (current.worker_nodes or current.nodes) if current is not None else ()
+    if current is None or current.state is not AttemptState.RUNNING or not nodes:
+        raise CliError(f"{job_id} has no running attempt on a node ({record.state.value})", 2)
+    return nodes[-1]
+
+
+def cancel(job_id: str) -> None:
+    """What `spotrain cancel` does."""
+    _run(lambda: _with_client(lambda c: c.cancel(job_id, current_user())))
+    out.print(f"cancel requested for {job_id}")
+
+
+def pools(learnt: bool, output: Output) -> None:
+    """What `spotrain pools` does."""
+    if learnt:
+        knowledge = _run(lambda: _with_client(lambda c: c.knowledge()))
+        if knowledge is None:
+            raise CliError("the scaler has learnt nothing yet; is it running? (spotrain status)")
+        print(knowledge.model_dump_json(indent=2))
+        return
+    status = _run(lambda: _with_client(lambda c: c.pools()))
+    if status is None:
+        raise CliError("the scaler has not reported yet; is it running? (spotrain status)")
+    rows = [
+        {
+            "pool": row.pool,
+            "capacity": row.capacity.value,
+            "nodes": str(row.nodes),
+            "ready": str(row.ready),
+            "gpus_busy": f"{row.gpus_total - row.gpus_free}/{row.gpus_total}",
+            "usd_per_hour": f"{row.price_per_hour_usd:.2f}",
+            "pending_jobs": str(row.pending_jobs),
+            "pending_gpus": str(row.pending_gpus),
+            "target": str(row.target),
+            "min_max": f"{row.min_nodes}-{row.max_nodes}",
+            "taken_back": str(row.taken_back),
+            "stock_outs": _stock_outs(row),
+            "spot_window": f"{row.outlook.mean_window_h:.1f}h" if row.outlook is not None else "",
+        }
+        for row in status.pools
+    ]
+    columns = [
+        Column("pool"),
+        Column("nodes", priority=1),
+        Column("gpus_busy", priority=1),
+        Column("pending_jobs", priority=1),
+        Column("usd_per_hour", priority=2),
+        Column("capacity", priority=2),
+        Column("pending_gpus", priority=3),
+        Column("target", priority=3),
+        Column("stock_outs", priority=3),
+        Column("ready", priority=4),
+        Column("taken_back", priority=4),
+        Column("min_max", priority=5),
+        Column("spot_window", priority=5),
+    ]
+    print_table(columns, rows, output, [row.model_dump(mode="json") for row in status.pools])
+    if output is Output.JSON:
+        return
+    out.print(
+        f"spending ${status.cost_per_hour_usd:.2f}/h of a ${status.budget_per_hour_usd:.2f}/h "
+        f"budget; {status.blocked_jobs} job(s) held; as of {status.updated_at:%H:%M:%S}"
+    )
+
+
+def teams(as_json: bool, output: Output) -> None:
+    """What `spotrain teams` does."""
+    status = _run(lambda: _with_client(lambda c: c.teams()))
+    if status is None:
+        raise CliError(
+            "no teams: the submitter runs without a teams file (SPOTRAIN_TEAMS_FILE), or has "
+            "not reported yet"
+        )
+    rows = team_uses(status)
+    if as_json:
+        output = Output.JSON
+    columns = [
+        Column("team"),
+        Column("held", priority=1),
+        Column("guaranteed", priority=1),
+        Column("spent_budget", priority=1),
+        Column("waiting_jobs", priority=2),
+        Column("may_borrow", priority=2),
+        Column("borrowed", priority=3),
+        Column("lent", priority=3),
+        Column("capacity", priority=4),
+        Column("members", priority=4),
+    ]
+    table_rows = [
+        {
+            "team": row.team,
+            "capacity": row.capacity.value,
+            "members": str(row.members),
+            "guaranteed": str(row.guaranteed_gpus),
+            "may_borrow": str(row.borrow_gpus),
+            "held": str(row.held_gpus),
+            "borrowed": str(row.borrowed_gpus),
+            "lent": str(row.lent_gpus),
+            "waiting_jobs": str(row.waiting_jobs) if row.waiting_jobs else "",
+            "spent_budget": _money(row.spent_usd, row.monthly_budget_usd),
+        }
+        for row in rows
+    ]
+    print_table(columns, table_rows, output, [row.model_dump(mode="json") for row in rows])
+    if output is Output.JSON:
+        return
+    out.print(f"as of {status.at:%H:%M:%S}")
+
+
+# --- helpers of the commands above -----------------------------------------------------
+
+
+def _money(spent: float | None, budget: float | None) -> str:
+    if budget is None:
+        return "" if spent is None else f"${spent:,.2f}"
+    return f"${spent or 0:,.2f} / ${budget:,.2f}"
+
+
+def _stock_outs(row: PoolStatus) -> str:
+    """How many, and whether it is out of capacity now (until when it is left alone)."""
+    if row.out_of_capacity_until is None:
+        return str(row.stock_outs)
+    return f"{row.stock_outs} (out until {row.out_of_capacity_until:%H:%M:%S})"
+
+
+def request_fields(params: Mapping[str, Any], entrypoint: list[str]) -> dict[str, Any]:
+    """A job request's fields from `submit`'s parsed options (click's `params`), shared by
+    the CLI and the notebook magics so both speak the same options."""
+    spot, on_demand, any_capacity = params["spot"], params["on_demand"], params["any_capacity"]
+    if sum((spot, on_demand, any_capacity)) > 1:
+        raise CliError("choose one of --spot, --on-demand, --any", 2)
+    capacity = (
+        CapacityClass.SPOT if spot else CapacityClass.ON_DEMAND if on_demand else CapacityClass.ANY
+    )
+    every = params["checkpoint_every"]
+    estimate = params.get("estimate")
+    try:
+        workers = parse_workers(str(params["workers"]))
+    except ValueError as error:
+        raise CliError(str(error), 2) from None
+    return {
+        "job_id": params["job_id"] or new_job_id(entrypoint),
+        "owner": current_user(),
+        "experiment": params["experiment"],
+        "entrypoint": tuple(entrypoint),
+        "worker": {
+            "gpus": params["gpus"],
+            "cpus": params["cpus"],
+            "memory_gb": params["memory_gb"],
+            "gpu_type": params["gpu_type"],
+        },
+        "num_workers": workers.min,
+        "max_workers": workers.max if workers.elastic else None,
+        "capacity": capacity,
+        "priority": params["priority"],
+        "max_restarts": params["max_restarts"],
+        "checkpoint_interval_s": duration_s(every) if every else None,
+        "labels": _pairs(list(params["label"] or []), "--label"),
+        "env": _pairs(list(params["env"] or []), "--env"),
+        "secrets": _pairs(list(params.get("secret") or []), "--secret"),
+        "pip": tuple(params["pip"] or ()),
+        "deadline": _deadline(params.get("deadline"), params.get("within"), datetime.now(UTC)),
+        "estimate_s": duration_s(estimate) if estimate else None,
+        "max_hours": params.get("max_hours"),
+    }
+
+
+def _workers_line(request: JobRequested, now: int | None = None) -> str:
+    """The worker count asked for, and `now`, the running attempt's, once it reported."""
+    workers = WorkerRange(min=request.num_workers, max=request.max_workers or request.num_workers)
+    running = f"; {now} now" if now is not None else ""
+    if not workers.elastic:
+        return f"workers: {workers} (a gang: all or none{running})"
+    return (
+        f"workers: {workers} ({workers.min} a gang, up to {workers.max - workers.min} more as "
+        f"capacity allows; Ray Train resizes within{running})"
+    )
+
+
+def _refuse_a_gang_no_pool_holds(request: JobRequested, status: PoolsStatus | None) -> None:
+    """Before anything is uploaded: MIN workers are a gang, and one that all the pools of
+    its capacity could not hold together would wait for ever."""
+    if status is None:
+        return  # no scaler has reported yet: the submitter and the scaler will say
+    most = most_workers(request.worker, request.capacity, status.pools)
+    if most is not None and request.num_workers > most:
+        kind = "" if request.capacity is CapacityClass.ANY else f"{request.capacity.value} "
+        raise CliError(
+            f"{request.num_workers} workers of {request.worker.gpus} GPU(s) can never run "
+            f"together: the {kind}pools hold at most {most} at their max_nodes",
+            2,
+        )
+
+
+def script_source(script: str, workdir: Path) -> str:
+    """The text of a `.py` script of the working directory; empty for anything else."""
+    path = workdir / script
+    return path.read_text(errors="replace") if script.endswith(".py") and path.is_file() else ""
+
+
+def require_ray_train(script: str, source: str, fields: Mapping[str, Any]) -> None:
+    """An elastic range needs a script that Ray Train runs: only it resizes a running job."""
+    if not is_ray_train_script(source):
+        raise CliError(
+            f"--workers {fields['num_workers']}..{fields['max_workers']} needs a Ray Train "
+            f"script (a .py file of the working directory that imports ray.train); "
+            f"{script} is not one: give it a fixed --workers N",
+            2,
+        )
+
+
+def _deadline(at: str | None, within: str | None, now: datetime) -> datetime | None:
+    if at is not None and within is not None:
+        raise CliError("choose one of --deadline, --within", 2)
+    if within is not None:
+        return now + timedelta(seconds=duration_s(within))
+    if at is None:
+        return None
+    try:
+        return iso_moment(at)
+    except ValueError:
+        raise CliError(f"--deadline takes an ISO time (2026-12-02T09:00), not {at!r}", 2) from None
+
+
+def iso_moment(text: str) -> datetime:
+    """An ISO time, in local time if it names no zone; a ValueError if it is none."""
+    moment = datetime.fromisoformat(text)
+    return moment if moment.tzinfo is not None else moment.astimezone()
+
+
+def script_entrypoint(script: str, args: list[str], workdir: Path) -> list[str]:
+    """`python SCRIPT ARGS` for a Python file (which must be in the working directory),
+    else the command as given."""
+    if script.endswith(".py"):
+        if not (workdir / script).is_file():
+            raise CliError(f"{script} not found in {workdir.resolve()}", 2)
+        return ["python", script, *args]
+    return [script, *args]
+
+
+def build_request(fields: Mapping[str, Any]) -> JobRequested:
+    """The validated request; an invalid field is a one-line `CliError` naming it."""
+    try:
+        worker = Bundle.model_validate(fields["worker"])
+        return JobRequested.model_validate({**fields, "worker": worker}, strict=False)
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise CliError(f"invalid job: {where}: {first['msg']}", 2) from None
+
+
+def _pairs(items: list[str], flag: str) -> dict[str, str]:
+    pairs = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise CliError(f"{flag} takes KEY=VALUE, not {item!r}", 2)
+        pairs[key] = value
+    return pairs
+
+
+def _run(factory: Callable[[], Awaitable[T]]) -> T:
+    async def main() -> T:
+        return await factory()
+
+    return asyncio.run(main())
+
+
+async def _with_client(action: Callable[[SpotrainClient], Awaitable[T]]) -> T:
+    async with await SpotrainClient.connect() as client:
+        return await action(client)
+
+
+async def _follow(client: SpotrainClient, job_id: str) -> int:
+    async with contextlib.aclosing(client.follow(job_id)) as events:
+        return await _print_until_end(events)
+
+
+async def _print_until_end(events: AsyncIterator[Event[EventData]]) -> int:
+    async for event in events:
+        kind = event.type.split(".")[2]
+        if isinstance(event.data, JobProgress):
+            continue
+        err.print(f"[dim]{event.time:%H:%M:%S}[/] {kind}{_resize_text(event.data)}")
+        if isinstance(event.data, JobFailed):
+            err.print(f"[red]{event.data.message.strip().splitlines()[-1]}[/]")
+            return 1
+        if isinstance(event.data, JobRejected):
+            return 1
+    return 0
+
+
+async def _watch(client: SpotrainClient, job_id: str) -> int:
+    if await client.job(job_id) is None:
+        raise PlatformError(f"no job {job_id}")
+    columns = (
+        TextColumn("[bold]{task.fields[job]}[/] attempt {task.fields[attempt]}"),
+        BarColumn(),
+        TextColumn("step {task.completed:.0f}/{task.total}"),
+        TextColumn("{task.fields[metrics]}"),
+        # The platform's estimate, from the attempt's own pace: rich's would measure how
+        # fast the stored events were read back.
+        TextColumn("{task.fields[eta]}"),
+        TextColumn("{task.fields[state]}"),
+    )
+    with Progress(*columns, console=out) as progress:
+        task = progress.add_task(
+            job_id, total=None, job=job_id, attempt=1, metrics="", eta="", state=""
+        )
+        async with contextlib.aclosing(client.follow(job_id)) as events:
+            return await _show_progress(progress, task, events)
+
+
+async def _show_progress(
+    progress: Progress, task: TaskID, events: AsyncIterator[Event[EventData]]
+) -> int:
+    async for event in events:
+        kind = event.type.split(".")[2]
+        fields: dict[str, Any] = {"state": kind}
+        if isinstance(event.data, JobProgress):
+            metrics = " ".join(f"{k}={v:.4g}" for k, v in sorted(event.data.metrics.items()))
+            progress.update(
+                task,
+                completed=event.data.step,
+                total=event.data.total_steps,
+                attempt=event.data.attempt,
+                metrics=metrics,
+                eta=eta_text(event.data.eta_s),
+                state="running",
+            )
+            continue
+        if attempt := getattr(event.data, "attempt", None):
+            fields["attempt"] = attempt
+        if isinstance(event.data, JobResized):
+            fields["state"] = f"running{_resize_text(event.data)}"
+        progress.update(task, **fields)
+        if isinstance(event.data, JobFailed | JobRejected):
+            return 1
+    return 0
+
+
+def _resize_text(data: EventData) -> str:
+    """`: 4 → 3 workers (shrank)` for a resize; nothing for any other event."""
+    if not isinstance(data, JobResized):
+        return ""
+    if data.previous is None:
+        return f": {data.workers} workers"
+    lost = f", {data.steps_lost} steps lost" if data.steps_lost else ""
+    return f": {data.previous} → {data.workers} workers ({data.reason.value}{lost})"
+
+
+def eta_text(eta_s: float | None) -> str:
+    """`eta 1:02:03` for people; nothing while the pace is not known."""
+    if eta_s is None:
+        return ""
+    minutes, seconds = divmod(round(eta_s), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"eta {hours}:{minutes:02d}:{seconds:02d}"
+
+
+def _print_logs(dashboard: str, submission_id: str, number: int, headed: bool) -> str:
+    text = _ray_logs(dashboard, submission_id)
+    if headed:
+        out.print(f"[bold]── attempt {number} ({submission_id}) ──[/]")
+    out.out(text, end="")
+    return text
+
+
+def _follow_logs(dashboard: str, job_id: str, submission_id: str) -> None:
+    shown = 0
+    while True:
+        text = _ray_logs(dashboard, submission_id)
+        out.out(text[shown:], end="")
+        shown = len(text)
+        record = _run(lambda: _with_client(lambda c: c.job(job_id)))
+        if record is None or not record.is_active or record.current is None:
+            return
+        if record.current.submission_id != submission_id:
+            submission_id, shown = record.current.submission_id, 0
+        time.sleep(1)
+
+
+def _ray_logs(dashboard: str, submission_id: str) -> str:
+    url = f"{dashboard}/api/jobs/{submission_id}/logs"
+    try:
+        with urllib.request.urlopen(url, timeout=10) as response:  # noqa: S310  # the Ray dashboard
+            return str(json.load(response).get("logs", ""))
+    except urllib.error.HTTPError as error:
+        if error.code == 404:
+            return ""
+        raise CliError(f"Ray answered {error.code} for the logs of {submission_id}") from None
+    except OSError as error:
+        raise CliError(f"cannot reach Ray's dashboard at {dashboard}: {error}") from None
+
+
+def _cost_line(spent: CostRow | None) -> str:
+    if spent is None:
+        return "cost so far: $0 (no node-seconds attributed to it yet)"
+    return (
+        f"cost so far: {format_usd(spent.cost_usd)}, {float(spent.gpu_hours):.2f} GPU-hours, "
+        f"{format_usd(spent.waste_usd)} of it lost to preemptions, "
+        f"{format_usd(spent.saving_vs_on_demand_usd)} saved against on-demand"
+    )
+
+
+def _deadline_line(record: JobRecord, now: datetime) -> str:
+    outlook = deadline_outlook(record, now)
+    assert outlook is not None  # the caller checked that the job has a deadline
+    when = f"deadline: {outlook.deadline.astimezone():%Y-%m-%d %H:%M %Z}"
+    if not record.is_active:
+        return f"{when}, {'met' if outlook.on_track else 'missed'}"
+    left = f"in {span_text(outlook.left_s)}" if outlook.left_s > 0 else "passed"
+    if outlook.needed_s is None:
+        return f"{when}, {left}; on track: not known yet (no pace reported, no --estimate)"
+    needs = f"needs {span_text(outlook.needed_s)} at its {outlook.basis.value}"
+    return f"{when}, {left}; {'on track' if outlook.on_track else 'late'}: {needs}"
+
+
+def _deadline_cell(record: JobRecord, now: datetime) -> str:
+    outlook = deadline_outlook(record, now)
+    if outlook is None:
+        return ""
+    if not record.is_active:
+        return "met" if outlook.on_track else "missed"
+    left = span_text(max(outlook.left_s, 0))
+    if outlook.on_track is None:
+        return left
+    return left if outlook.on_track else f"{left} late"
+
+
+def _late_style(cell: str) -> str | None:
+    return "red" if cell == "missed" or cell.endswith(" late") else None
+
+
+_STATE_COLOURS = {"succeeded": "green", "failed": "red", "rejected": "red", "running": "cyan"}
+
+
+def _state_style(state: str) -> str:
+    return _STATE_COLOURS.get(state, "yellow")
+
+
+def _age(delta: Any) -> str:
+    seconds = int(delta.total_seconds())
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
