@@ -13,6 +13,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.text import Text
 
 from shared.cli.tables import Column, Output, Row, render, too_narrow
 
@@ -65,5 +66,6 @@ def print_table(
     refusal = too_narrow(width)
     if refusal is not None:
         raise CliError(refusal, 2)
-    for line in render(columns, rows, width):
-        out.print(line, soft_wrap=True)
+    # One print of the whole table: rich's cost is per call, and a table may have
+    # thousands of rows.
+    out.print(Text("\n").join(render(columns, rows, width)), soft_wrap=True)
