@@ -45,15 +45,23 @@ class Column:
 Row = Mapping[str, str]
 
 
-def fitting(columns: Sequence[Column], rows: Sequence[Row], width: int | None) -> list[Column]:
+def fitting(
+    columns: Sequence[Column],
+    rows: Sequence[Row],
+    width: int | None,
+    *,
+    gap: int = GAP,
+    edges: int = 0,
+) -> list[Column]:
     """The columns a table of `rows` shows in `width` characters (all if None): each as
-    wide as its header and its widest cell, `GAP` apart. Priority-0 columns stay even past
-    the width: an id that does not fit is still shown whole."""
+    wide as its header and its widest cell, `gap` apart, with `edges` more for borders (a
+    boxed table: 3 apart, 4 for its edges). Priority-0 columns stay even past the width: an
+    id that does not fit is still shown whole."""
     widths = {c.key: column_width(c, rows) for c in columns}
     shown = list(columns)
 
     def needed() -> int:
-        return sum(widths[c.key] for c in shown) + GAP * (len(shown) - 1)
+        return sum(widths[c.key] for c in shown) + gap * (len(shown) - 1) + edges
 
     while width is not None and needed() > width:
         droppable = [(c.priority, i) for i, c in enumerate(shown) if c.priority > 0]

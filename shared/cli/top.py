@@ -22,7 +22,8 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-from shared.cli.console import CliError, out
+from shared.cli.console import CliError, out, table_width
+from shared.cli.tables import Column, column_width, fitting
 from shared.client import PlatformError, SpotrainClient
 from shared.clock import Clock, SystemClock
 from shared.cost import CostRow, GroupBy, cost_rows, format_usd, job_costs, total
@@ -68,9 +69,10 @@ class TopSnapshot:
     """The cost rows by experiment (`cost_rows(ledger, GroupBy.EXPERIMENT)`)."""
 
 
-def render(snapshot: TopSnapshot, *, limit: int = 20) -> RenderableType:
+def render(snapshot: TopSnapshot, *, limit: int = 20, width: int | None = None) -> RenderableType:
     """One frame: a header line, the pools, at most `limit` jobs (active ones first, then the
-    most recently finished), and the cost by experiment.
+    most recently finished), and the cost by experiment; in `width` columns, the jobs'
+    least useful columns left out (all of them if None).
 
     Pure: no I/O, no clock; the time shown is the snapshot's."""
     parts: list[RenderableType] = [_header(snapshot)]
@@ -78,7 +80,7 @@ def render(snapshot: TopSnapshot, *, limit: int = 20) -> RenderableType:
         parts.append(Text(NO_SCALER, style="yellow"))
     else:
         parts.append(_pools_table(snapshot.pools, snapshot.taken_at))
-    parts.append(_jobs_table(snapshot, limit))
+    parts.append(_jobs_table(snapshot, limit, width))
     parts.append(_experiments_table(snapshot.experiments, limit))
     return Group(*parts)
 
@@ -147,31 +149,58 @@ def _pools_table(status: PoolsStatus, now: datetime) -> Table:
     return table
 
 
-def _jobs_table(snapshot: TopSnapshot, limit: int) -> Table:
-    rows, left_out = shown_jobs(snapshot.jobs, limit)
-    table = Table(
-        "job", "owner", "experiment", "state", "attempt", "step", "metric", "interruptions",
-        "cost",
-        title="jobs, active first", title_justify="left",
-        caption=f"{left_out} more not shown (--limit)" if left_out else None,
-        caption_justify="left",
-    )  # fmt: skip
-    for record in rows:
+_JOB_COLUMNS = (
+    # What a person watches, kept on a narrow terminal: which job, how it is doing, what
+    # it costs; who and what for give way first.
+    Column("job"),
+    Column("owner", priority=3),
+    Column("experiment", priority=4),
+    Column("state"),
+    Column("attempt", priority=3),
+    Column("step", priority=1),
+    Column("metric", priority=2),
+    Column("interruptions", priority=4),
+    Column("cost", priority=1),
+)
+
+
+def _jobs_table(snapshot: TopSnapshot, limit: int, width: int | None) -> Table:
+    records, left_out = shown_jobs(snapshot.jobs, limit)
+    rows = []
+    for record in records:
         attempt = record.current
         spent = snapshot.job_costs.get(record.job_id)
-        table.add_row(
-            record.job_id,
-            record.request.owner,
-            record.request.experiment or "",
-            Text(record.state.value, style=_STATE_COLOURS.get(record.state, "yellow")),
-            str(attempt.number) if attempt else "-",
-            _step(attempt.step, attempt.total_steps) if attempt else "-",
-            main_metric(attempt.metrics) if attempt else "",
-            str(record.interruptions),
-            format_usd(spent.cost_usd) if spent else "-",
+        rows.append(
+            {
+                "job": record.job_id,
+                "owner": record.request.owner,
+                "experiment": record.request.experiment or "",
+                "state": record.state.value,
+                "attempt": str(attempt.number) if attempt else "-",
+                "step": _step(attempt.step, attempt.total_steps) if attempt else "-",
+                "metric": main_metric(attempt.metrics) if attempt else "",
+                "interruptions": str(record.interruptions),
+                "cost": format_usd(spent.cost_usd) if spent else "-",
+            }
         )
+    shown = fitting(_JOB_COLUMNS, rows, width, gap=3, edges=4)
+    table = Table(
+        title="jobs, active first",
+        title_justify="left",
+        caption=f"{left_out} more not shown (--limit)" if left_out else None,
+        caption_justify="left",
+    )
+    for column in shown:
+        # An id is read and copied: never cut, whatever else has to give.
+        keep = column.key == "job"
+        table.add_column(
+            column.key, no_wrap=keep, min_width=column_width(column, rows) if keep else None
+        )
+    for record, cells in zip(records, rows, strict=True):
+        styles = {"state": _STATE_COLOURS.get(record.state, "yellow")}
+        table.add_row(*(Text(cells[c.key], style=styles.get(c.key, "")) for c in shown))
     if not rows:
-        table.add_row("[dim]no jobs[/]", *[""] * 8)
+        table.add_row("[dim]no jobs[/]", *[""] * (len(shown) - 1))
     return table
 
 
@@ -268,7 +297,7 @@ def top(
         msg = f"--interval takes seconds, at least {MIN_INTERVAL_S:g}, not {interval:g}"
         raise CliError(msg, 2)
     if once:
-        out.print(render(asyncio.run(_once()), limit=limit))
+        out.print(render(asyncio.run(_once()), limit=limit, width=table_width()))
         return
     asyncio.run(_live(interval, limit))
 
@@ -320,18 +349,18 @@ async def _frames(
     """The first snapshot's frame, then one every `interval_s` until `stop` is set. A failed
     read keeps the last snapshot, says why under it, and is tried again at the next refresh."""
     last = first
-    yield render(first, limit=limit)
+    yield render(first, limit=limit, width=table_width())
     while not await _stopped_within(stop, interval_s):
         try:
             snapshot = await _unless(stop, _within(REFRESH_TIMEOUT_S, reader.read()))
         except _READ_ERRORS as error:
             problem = Text(f"refresh failed, retrying: {_one_line(error)}", style="red")
-            yield Group(render(last, limit=limit), problem)
+            yield Group(render(last, limit=limit, width=table_width()), problem)
             continue
         if snapshot is None:
             return
         last = snapshot
-        yield render(snapshot, limit=limit)
+        yield render(snapshot, limit=limit, width=table_width())
 
 
 async def _within(seconds: float, work: Awaitable[T]) -> T:

@@ -186,6 +186,20 @@ def test_a_job_without_attempts_or_cost_shows_dashes() -> None:
     ]  # fmt: skip
 
 
+def test_at_80_columns_the_jobs_keep_their_whole_ids_state_step_and_cost() -> None:
+    long_id = "train-resnet50-imagenet-sweep-lr-01-7f3a9c"
+    frame = snapshot(jobs=(job(long_id, JobState.RUNNING, attempt(1, step=5, total_steps=9)),))
+    console = Console(record=True, width=80, file=io.StringIO())
+    console.print(render(frame, width=80))
+    text = console.export_text()
+    [line] = [line for line in text.splitlines() if long_id in line]
+    cells = [cell.strip() for cell in line.split("│")][1:-1]
+    assert cells[0] == long_id, "the id whole, on one line"
+    assert cells[1:] == ["running", "5/9", "", "-"], "state, step, metric, cost; not the rest"
+    assert "…" not in text.split("jobs, active first")[1].split("cost by experiment")[0]
+    assert all(len(line) <= 80 for line in text.splitlines())
+
+
 def test_cost_by_experiment_lists_cost_waste_saving_and_the_total() -> None:
     text = text_of(snapshot())
     assert row(text, "exp-1") == ["exp-1", "$0.2100", "$0.0200", "$0.0900"]
