@@ -238,6 +238,14 @@ def bundles_of(request: JobRequested) -> tuple[Bundle, ...]:
     return (request.worker,) * request.num_workers
 
 
+def steps_lost(attempt: Attempt, resumed: Attempt) -> int | None:
+    """The steps `attempt` reached that `resumed`, the attempt after it, runs again (the
+    checkpointer's `job.resumed` count, from the record); None if it never reported. Pure."""
+    if attempt.step is None:
+        return None
+    return max(attempt.step - resumed.from_step, 0)
+
+
 def work_left_s(record: JobRecord, now: datetime) -> float | None:
     """Run time the job still needs, from where its current attempt starts (or stands): at
     the pace its attempts last reported (seconds per step, from their ETA), else its

@@ -93,6 +93,7 @@ def cost(  # noqa: PLR0917  # a typer command: its options are its parameters
     ] = None,
 ) -> None:
     """Cost, GPU-hours, waste and the saving against on-demand, from the node-seconds billed."""
+    as_json = as_json or output is Output.JSON
     started = _since(since) if since is not None else None
     overrides = _overrides(prices) if prices is not None else {}
     export = _export(reconcile_with) if reconcile_with is not None else None
@@ -104,7 +105,7 @@ def cost(  # noqa: PLR0917  # a typer command: its options are its parameters
         _print_reconciliation(view, export, as_json=as_json)
         return
     rows = cost_rows(view.ledger, by, experiment)
-    if as_json or output is Output.JSON:
+    if as_json:
         print(json.dumps([row.as_json(by) for row in rows]))
         return
     _print_table(view.ledger, rows, by, experiment, output)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import re
 import secrets
 import signal
@@ -27,6 +26,7 @@ import nats.js.errors
 import typer
 
 from shared.cli.console import CliError, err
+from shared.cli.tables import key_values
 from shared.cost import COST_EVENTS
 from shared.events import CATALOG, EventData, InvalidEventError, decode, subjects_for
 from shared.events.catalog import replay_subjects_for
@@ -295,9 +295,7 @@ def _tail_line(record: StreamRecord, job: str | None, *, as_json: bool) -> str |
         return None if line is None else line.decode(errors="replace")
     data = event.data.model_dump(mode="json", exclude_defaults=True)
     key = data.pop("job_id", None) or data.pop("node", None) or event.subject or "-"
-    fields = " ".join(f"{k}={json.dumps(v, separators=(',', ':'))}" for k, v in data.items())
-    if len(fields) > 160:
-        fields = fields[:157] + "..."
+    fields = key_values(data, limit=160)
     return f"{_when(event.time)}  {type_name(type(event.data))}  {key}  {fields}".rstrip()
 
 

@@ -23,7 +23,7 @@ from pydantic import ValidationError
 from rich.progress import BarColumn, Progress, TaskID, TextColumn
 
 from shared.cli.console import CliError, duration_s, err, out, print_table
-from shared.cli.tables import Column, Output, ShowOutput
+from shared.cli.tables import Column, Output, ShowOutput, key_values
 from shared.client import PlatformError, SpotrainClient, current_user, new_job_id
 from shared.cost import CostRow, Ledger, format_usd, job_costs
 from shared.cost.attribution import Charge
@@ -38,6 +38,7 @@ from shared.jobs import (
     deadline_outlook,
     deadline_refusal,
     span_text,
+    steps_lost,
 )
 from shared.pools import PoolsStatus, PoolStatus
 from shared.teams import team_uses
@@ -252,8 +253,9 @@ def _attempt_line(attempt: Attempt, after: Attempt | None, cost: Fraction | None
         parts.append(f"ended by {why.value}")
     if attempt.give_way_for is not None:
         parts.append(f"gave way to {attempt.give_way_for}")
-    if after is not None and attempt.step is not None:
-        parts.append(f"{max(attempt.step - after.from_step, 0)} steps lost")
+    lost = steps_lost(attempt, after) if after is not None else None
+    if lost is not None:
+        parts.append(f"{lost} steps lost")
     if cost is not None:
         parts.append(format_usd(cost))
     return ", ".join(parts)
@@ -264,9 +266,7 @@ def _event_line(event: Event[EventData]) -> str:
     data = event.data.model_dump(
         mode="json", exclude_defaults=True, exclude={"job_id", "entrypoint", "env"}
     )
-    fields = " ".join(f"{k}={json.dumps(v, separators=(',', ':'))}" for k, v in data.items())
-    if len(fields) > 100:
-        fields = fields[:97] + "..."
+    fields = key_values(data, limit=100)
     kind = event.type.removeprefix("spotrain.").rsplit(".", 1)[0]
     return f"{event.time:%H:%M:%S}  {kind}  {event.source}  {fields}".rstrip()
 

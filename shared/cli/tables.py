@@ -7,6 +7,7 @@ scripts the rows with stable keys instead.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -106,3 +107,10 @@ def too_narrow(width: int | None) -> str | None:
     if width is not None and width < NARROWEST:
         return f"the terminal is {width} columns wide; tables need {NARROWEST} (or use -o json)"
     return None
+
+
+def key_values(data: Mapping[str, object], *, limit: int) -> str:
+    """`attempt=2 nodes=["gpu-spot-3"]`: an event's fields on one line, at most `limit`
+    characters (cut with `...`), as `show` and `events tail` print them."""
+    text = " ".join(f"{k}={json.dumps(v, separators=(',', ':'))}" for k, v in data.items())
+    return text if len(text) <= limit else text[: limit - 3] + "..."

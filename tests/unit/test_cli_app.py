@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import typer
 
-from shared.cli.app import COMMANDS, build_command
+from shared.cli.app import COMMANDS, ListedCommand, build_command
 
 
 def test_the_listing_names_every_command_its_modules_register_and_no_other() -> None:
@@ -25,10 +25,7 @@ def test_the_listing_names_every_command_its_modules_register_and_no_other() -> 
 
 
 @pytest.mark.parametrize("listed", COMMANDS, ids=lambda c: c.name)
-def test_a_listed_command_builds_with_its_panel(listed: object) -> None:
-    from shared.cli.app import ListedCommand  # noqa: PLC0415
-
-    assert isinstance(listed, ListedCommand)
+def test_a_listed_command_builds_with_its_panel(listed: ListedCommand) -> None:
     command = build_command(listed)
     assert command.name == listed.name
     assert getattr(command, "rich_help_panel", None) == listed.panel

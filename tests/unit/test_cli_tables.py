@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shared.cli.tables import GAP, Column, column_width, fitting, render, too_narrow
+from shared.cli.tables import GAP, Column, column_width, fitting, key_values, render, too_narrow
 
 COLUMNS = [
     Column("job"),
@@ -96,3 +96,16 @@ def test_a_fitted_table_keeps_what_must_show_and_drops_by_priority(
     assert needed <= width or all(c.priority == 0 for c in shown)
     for line, row in zip(render(columns, rows, width)[1:], rows, strict=True):
         assert line.plain.split() == [row[c.key] for c in shown if row[c.key]], "nothing cut"
+
+
+@pytest.mark.parametrize(
+    ("data", "limit", "line"),
+    [
+        pytest.param({"attempt": 2, "nodes": ["a"]}, 40, 'attempt=2 nodes=["a"]', id="fits"),
+        pytest.param({"message": "x" * 20}, 16, 'message="xxxx...', id="cut-to-the-limit"),
+        pytest.param({}, 10, "", id="nothing"),
+    ],
+)
+def test_an_events_fields_on_one_line(data: dict[str, object], limit: int, line: str) -> None:
+    assert key_values(data, limit=limit) == line
+    assert len(key_values(data, limit=limit)) <= limit
