@@ -37,8 +37,12 @@ from shared.events.data import (
 from shared.jobs import JobRecord, jobs_bucket
 from shared.messaging import BusSettings
 from shared.messaging.jetstream import BusUnavailableError, JetStreamBus
-from shared.messaging.settings import CREDENTIALS_VARIABLE, ClientBusSettings, credentials_file
-from shared.natsauth.permissions import Role
+from shared.messaging.settings import (
+    CREDENTIALS_VARIABLE,
+    ClientBusSettings,
+    Role,
+    credentials_file,
+)
 from shared.pool_knowledge import KNOWLEDGE_KEY, PoolsKnowledge
 from shared.pools import (
     SIGHTINGS_KEY,

@@ -49,12 +49,8 @@ T = TypeVar("T")
 
 def submit(params: Mapping[str, Any]) -> None:
     """What `spotrain submit` does, from its options by name as click parsed them."""
-    script, args, workdir, wait = (
-        params["script"],
-        params["args"],
-        params["workdir"],
-        params["wait"],
-    )
+    script, args, wait = params["script"], params["args"], params["wait"]
+    workdir = Path(params["workdir"])
     if not workdir.is_dir():
         raise CliError(f"working directory {workdir} does not exist", 2)
     entrypoint = script_entrypoint(script, args or [], workdir)
@@ -102,7 +98,8 @@ def list_jobs(everyone: bool, output: Output) -> None:
     """What `spotrain ls` does."""
 
     async def go(client: SpotrainClient) -> tuple[list[JobRecord], dict[str, CostRow]]:
-        return await client.jobs(), job_costs(await client.costs())
+        records, ledger = await asyncio.gather(client.jobs(), client.costs())
+        return records, job_costs(ledger)
 
     records, costs = _run(lambda: _with_client(go))
     me = current_user()

@@ -12,10 +12,7 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Self, TypeVar
-
-import structlog
-from prometheus_client import Counter, Histogram
+from typing import TYPE_CHECKING, Any, Self, TypeVar
 
 from shared.events import (
     Event,
@@ -27,9 +24,14 @@ from shared.events import (
     subjects_for,
 )
 from shared.events.catalog import replay_subject, replay_subjects_for
-from shared.messaging.metrics import DEAD_LETTERS, EVENTS_HANDLED, HANDLER_SECONDS
+from shared.logs import deferred_logger
 
-log = structlog.get_logger()
+if TYPE_CHECKING:
+    from prometheus_client import Counter, Histogram
+
+# The consumer's side (settling, its metrics and its log context) imports structlog and
+# prometheus_client when it runs: the CLI, which only publishes and reads, does without.
+log = deferred_logger()
 
 Handler = Callable[[Event[Any]], Awaitable[None]]
 DepsT = TypeVar("DepsT")
@@ -76,6 +78,8 @@ class DeadLetterReason(StrEnum):
 
 def declare_dead_letters(service: str) -> None:
     """Every reason from 0 at start: "no dead letter yet" reads as 0, not as no series."""
+    from shared.messaging.metrics import DEAD_LETTERS  # noqa: PLC0415  # see log above
+
     for reason in (*InvalidReason, *DeadLetterReason):
         DEAD_LETTERS.labels(service, reason.value)
 
@@ -184,6 +188,8 @@ Outcome = Ack | Nak | DeadLetter
 
 async def settle(delivery: Delivery, subscription: Subscription, prefix: str) -> Outcome:
     """Decode, validate and handle one delivery; never raises for the message's sake."""
+    from shared.messaging.metrics import DEAD_LETTERS  # noqa: PLC0415  # see log above
+
     outcome, event_type = await _settle(delivery, subscription, prefix)
     _events_handled(subscription.service, event_type, _OUTCOME_LABELS[type(outcome)]).inc()
     if isinstance(outcome, DeadLetter):
@@ -221,14 +227,16 @@ async def _settle(
 
     # Each delivery runs in its own task, hence its own context: what is bound here reaches
     # every log line of the handler and is gone when the task ends.
-    structlog.contextvars.bind_contextvars(
+    from structlog.contextvars import bind_contextvars  # noqa: PLC0415  # see log above
+
+    bind_contextvars(
         service=subscription.service,
         event_id=event.id,
         event_type=event.type,
         job_id=getattr(event.data, "job_id", None),
     )
     if replayed:
-        structlog.contextvars.bind_contextvars(replayed=True)
+        bind_contextvars(replayed=True)
     started = time.perf_counter()
     try:
         await handler(event)
@@ -258,11 +266,15 @@ _UNDECODED = "undecoded"
 # of (service, type, outcome) is small and fixed, so each child is looked up once.
 @functools.cache
 def _events_handled(service: str, event_type: str, outcome: str) -> Counter:
+    from shared.messaging.metrics import EVENTS_HANDLED  # noqa: PLC0415  # see log above
+
     return EVENTS_HANDLED.labels(service, event_type, outcome)
 
 
 @functools.cache
 def _handler_seconds(service: str, event_type: str) -> Histogram:
+    from shared.messaging.metrics import HANDLER_SECONDS  # noqa: PLC0415  # see log above
+
     return HANDLER_SECONDS.labels(service, event_type)
 
 

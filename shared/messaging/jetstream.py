@@ -17,7 +17,6 @@ from typing import Any, Self
 
 import nats.errors
 import nats.js.errors
-import structlog
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
@@ -32,6 +31,7 @@ from nats.js.api import (
 )
 
 from shared.events import Event, all_subjects, dlq_subject, encode, subject_of
+from shared.logs import deferred_logger
 from shared.messaging.dead_letters import MSG_ID, dead_letter_headers
 from shared.messaging.delivery import (
     Ack,
@@ -45,7 +45,7 @@ from shared.messaging.delivery import (
 from shared.messaging.ports import PublishAck, StoredMessage
 from shared.messaging.settings import BusSettings
 
-log = structlog.get_logger()
+log = deferred_logger()
 
 # Errors that mean "the server is not reachable right now", which a retry can outlive.
 _TRANSIENT = (
@@ -512,7 +512,7 @@ class JetStreamBus:
         # leave ephemeral consumers behind until the server's limit is reached.
         name = f"read-{secrets.token_hex(6)}"
         stream = self._settings.stream
-        await self._js.add_consumer(
+        created = await self._js.add_consumer(
             stream,
             ConsumerConfig(
                 name=name,
@@ -528,8 +528,11 @@ class JetStreamBus:
         stored: list[StoredMessage] = []
         try:
             psub = await self._js.pull_subscribe_bind(durable=name, stream=stream)
+            # How many are left comes with the consumer, then with each message: no round
+            # trip to ask it (a read of the cost ledger makes a dozen of these at once).
+            pending = created.num_pending or 0
             try:
-                while pending := (await psub.consumer_info()).num_pending or 0:
+                while pending:
                     try:
                         batch = await psub.fetch(min(pending, 1000), timeout=2)
                     except (nats.errors.TimeoutError, TimeoutError):
@@ -543,6 +546,7 @@ class JetStreamBus:
                         )
                         for m in batch
                     )
+                    pending = batch[-1].metadata.num_pending if batch else 0
             finally:
                 await psub.unsubscribe()
         finally:

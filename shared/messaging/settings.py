@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from enum import StrEnum
 from pathlib import Path
 from typing import Self
 
@@ -15,6 +16,21 @@ from pydantic_settings import (
 )
 
 from shared.events import DEFAULT_PREFIX
+
+
+class Role(StrEnum):
+    """The platform's own NATS users, one each; a service's role has the service's name.
+    Any other user is a person (`spotrain users add`). The permissions of each are in
+    `shared.natsauth`."""
+
+    SUBMITTER = "submitter"
+    SCALER = "scaler"
+    PREEMPTION_WATCHER = "preemption_watcher"
+    CHECKPOINTER = "checkpointer"
+    METADATA_AGENT = "metadata_agent"
+    CLI = "cli"
+    SLACK = "slack"
+    OPS = "ops"
 
 
 def default_stream_name(prefix: str) -> str:

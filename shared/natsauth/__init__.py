@@ -1,11 +1,11 @@
 """Least privilege on the bus: one NATS user per service and client role, each allowed the
 subjects its work takes and nothing else (`spotrain nats-config`, `spotrain up --secure`)."""
 
+from shared.messaging.settings import Role
 from shared.natsauth.files import NatsConfig, read_passwords, role_env, write_nats_config
 from shared.natsauth.permissions import (
     TABLE,
     BusNames,
-    Role,
     RoleSpec,
     UserPermissions,
     inbox_prefix,

@@ -15,11 +15,10 @@ from pydantic import BaseModel, ConfigDict
 
 from shared.events import DEFAULT_PREFIX
 from shared.events.types import Name
-from shared.messaging.settings import default_stream_name
+from shared.messaging.settings import Role, default_stream_name
 from shared.natsauth.permissions import (
     TABLE,
     BusNames,
-    Role,
     inbox_prefix,
     permissions,
     person_inbox_prefix,

@@ -42,24 +42,12 @@ from shared.events.data import (
     PoolResizeRequested,
 )
 from shared.jobs import jobs_bucket
+from shared.messaging.settings import Role
 from shared.pools import pools_bucket
 from shared.teams import teams_bucket
 from shared.workspace import workspaces_bucket
 
 JS_API = "$JS.API"
-
-
-class Role(StrEnum):
-    """One NATS user each; a service's role has the service's name."""
-
-    SUBMITTER = "submitter"
-    SCALER = "scaler"
-    PREEMPTION_WATCHER = "preemption_watcher"
-    CHECKPOINTER = "checkpointer"
-    METADATA_AGENT = "metadata_agent"
-    CLI = "cli"
-    SLACK = "slack"
-    OPS = "ops"
 
 
 class Bucket(StrEnum):

@@ -12,7 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from shared.natsauth.permissions import Role, UserPermissions
+from shared.messaging.settings import Role
+from shared.natsauth.permissions import UserPermissions
 
 SERVER_CONFIG_FILE = "nats-server.conf"
 CREDENTIALS_FILE = "credentials.conf"

@@ -13,6 +13,7 @@ import pytest
 import typer
 
 from shared.cli.app import COMMANDS, ListedCommand, build_command
+from shared.cli.entry import exit_status
 
 
 def test_the_listing_names_every_command_its_modules_register_and_no_other() -> None:
@@ -105,3 +106,87 @@ def test_shell_completion_reaches_lazy_commands(
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == expected
+
+
+# What the bus client of a job command does without: the services' logging and metrics,
+# the permission table, Ray and the cloud clients. Each was a tenth of `spotrain submit`.
+SERVICES_ONLY = ("structlog", "prometheus_client", "shared.natsauth", "ray", "google", "aiohttp")
+
+
+def test_a_job_command_imports_none_of_what_only_the_services_use() -> None:
+    probe = (
+        "import sys\n"
+        "sys.modules['aiohttp'] = None  # as the entry point does for a nats:// URL\n"
+        "import shared.cli.app, shared.cli.job_actions\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules if sys.modules[m] is not None}"
+        " | {m for m in sys.modules if m.startswith('shared.')}))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
+    )
+    modules = set(ast.literal_eval(result.stdout.strip().splitlines()[-1]))
+    assert "nats" in modules
+    assert "shared.client" in modules
+    assert not modules & set(SERVICES_ONLY), sorted(modules & set(SERVICES_ONLY))
+
+
+@pytest.mark.parametrize(
+    ("code", "status"),
+    [(None, 0), (0, 0), (2, 2), ("spotrain: error: a message", 1)],
+)
+def test_the_exit_status_is_pythons(code: object, status: int) -> None:
+    assert exit_status(code) == status
+
+
+def test_exit_now_waits_for_a_thread_at_work_and_runs_the_exit_handlers(tmp_path: Path) -> None:
+    probe = (
+        "import atexit, threading, time, pathlib, sys\n"
+        "from shared.cli.entry import exit_now\n"
+        f"out = pathlib.Path({str(tmp_path)!r})\n"
+        "atexit.register(lambda: (out / 'handler').write_text('ran'))\n"
+        "def work():\n"
+        "    time.sleep(0.3)\n"
+        "    (out / 'thread').write_text('done')\n"
+        "threading.Thread(target=work).start()\n"
+        "print('buffered', end='')\n"
+        "exit_now(3)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=False, timeout=60
+    )
+    assert result.returncode == 3
+    assert result.stdout == "buffered"
+    assert (tmp_path / "thread").read_text() == "done"
+    assert (tmp_path / "handler").read_text() == "ran"
+
+
+def test_exit_now_flushes_what_was_printed_and_runs_the_exit_handlers(tmp_path: Path) -> None:
+    probe = (
+        "import atexit, pathlib, sys\n"
+        "from shared.cli.entry import exit_now\n"
+        f"out = pathlib.Path({str(tmp_path)!r})\n"
+        "atexit.register(lambda: (out / 'handler').write_text('ran'))\n"
+        "sys.stdout.write('x' * 100_000)\n"
+        "exit_now(4)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=False, timeout=60
+    )
+    assert result.returncode == 4
+    assert result.stdout == "x" * 100_000
+    assert (tmp_path / "handler").read_text() == "ran"
+
+
+def test_collection_resumes_after_the_start() -> None:
+    probe = (
+        "import gc, time\n"
+        "from shared.cli.entry import defer_collection\n"
+        "defer_collection(0.2)\n"
+        "first = gc.isenabled()\n"
+        "time.sleep(1)\n"
+        "print(first, gc.isenabled())\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert result.stdout.split() == ["False", "True"]
