@@ -37,6 +37,7 @@ from shared.events.data import (
 from shared.jobs import JobRecord, jobs_bucket
 from shared.messaging import BusSettings
 from shared.messaging.jetstream import BusUnavailableError, JetStreamBus
+from shared.messaging.kv import latest_entries
 from shared.messaging.settings import (
     CREDENTIALS_VARIABLE,
     ClientBusSettings,
@@ -211,18 +212,9 @@ class SpotrainClient:
         kv = await self._jobs_kv()
         if kv is None:
             return []
-        # One watch of every key's latest value, not a get per key: a thousand records in
-        # one pass over the bucket instead of a thousand round trips.
-        watcher = await kv.watchall(ignore_deletes=True)
-        records = []
-        try:
-            async for entry in watcher:
-                if entry is None:  # the values there were, all delivered
-                    break
-                if entry.value:
-                    records.append(JobRecord.model_validate_json(entry.value))
-        finally:
-            await watcher.stop()
+        records = [
+            JobRecord.model_validate_json(entry.value or b"") for entry in await latest_entries(kv)
+        ]
         return sorted(records, key=lambda r: r.accepted_at, reverse=True)
 
     async def job(self, job_id: str) -> JobRecord | None:

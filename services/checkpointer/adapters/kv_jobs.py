@@ -7,6 +7,7 @@ from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
 from services.checkpointer.model import JobRecord
+from shared.messaging.kv import latest_entries
 
 
 class KvJobReader:
@@ -38,9 +39,5 @@ class KvJobReader:
         kv = await self._open()
         if kv is None:
             return []
-        try:
-            keys = await kv.keys()
-        except nats.js.errors.NoKeysError:
-            return []
-        records = [await self.get(key) for key in keys]
-        return [record for record in records if record is not None and record.is_active]
+        records = [JobRecord.model_validate_json(e.value or b"") for e in await latest_entries(kv)]
+        return [record for record in records if record.is_active]

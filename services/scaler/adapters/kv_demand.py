@@ -11,6 +11,7 @@ from nats.js.api import KeyValueConfig, StorageType
 from nats.js.kv import KeyValue
 
 from services.scaler.model import Demand
+from shared.messaging.kv import latest_entries
 from shared.pool_knowledge import KNOWLEDGE_KEY, PoolsKnowledge
 from shared.pools import (
     SIGHTINGS_KEY,
@@ -91,19 +92,10 @@ class KvDemandStore:
         return PoolsKnowledge.model_validate_json(entry.value) if entry.value else None
 
     async def all(self) -> list[Demand]:
-        try:
-            keys = [k for k in await self._kv.keys() if k.startswith(_PREFIX)]
-        except nats.js.errors.NoKeysError:
-            return []
-        demands = []
-        for key in keys:
-            try:
-                entry = await self._kv.get(key)
-            except nats.js.errors.KeyNotFoundError:
-                continue
-            if entry.value:
-                demands.append(Demand.model_validate_json(entry.value))
-        return demands
+        return [
+            Demand.model_validate_json(entry.value or b"")
+            for entry in await latest_entries(self._kv, f"{_PREFIX}>")
+        ]
 
 
 _PREFIX = "demand."

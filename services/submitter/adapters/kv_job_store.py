@@ -11,6 +11,7 @@ from nats.js.kv import KeyValue
 
 from services.submitter.model import JobRecord
 from services.submitter.ports import Revision, StaleRevisionError
+from shared.messaging.kv import latest_entries
 
 
 class KvJobStore:
@@ -49,9 +50,7 @@ class KvJobStore:
             raise StaleRevisionError(record.job_id) from error
 
     async def all(self) -> list[tuple[JobRecord, Revision]]:
-        try:
-            keys = await self._kv.keys()
-        except nats.js.errors.NoKeysError:
-            return []
-        found = [await self.get(key) for key in keys]
-        return [item for item in found if item is not None]
+        return [
+            (JobRecord.model_validate_json(entry.value or b""), entry.revision or 0)
+            for entry in await latest_entries(self._kv)
+        ]
