@@ -4,7 +4,9 @@ the same run (the floor for any Python client of the bus).
 Starts its own local stack (free ports, a temporary state folder), stores 1,000 finished
 jobs' records, then times each command from process start to exit:
 - `spotrain --help` and `spotrain ls --help` (no bus),
-- `spotrain submit` of a one-file workspace, until the submitter's answer (accepted),
+- `spotrain submit` of a one-file workspace, until the submitter's answer (accepted);
+  the job runs on the stack's Ray before the next command is timed, so that no command
+  shares the machine with a job starting,
 - `spotrain ls --all` with the 1,000 jobs in the store.
 Medians of --runs runs. Ends with `name: value` lines.
 
@@ -69,6 +71,22 @@ async def store_jobs(settings: LocalStackSettings, count: int) -> None:
         await client.close()
 
 
+async def job_ended(settings: LocalStackSettings, job_id: str, timeout_s: float = 120) -> None:
+    """Until the job's record says it ended (it is watched, not polled)."""
+    client = await nats.connect(settings.nats_url)
+    try:
+        bucket = await client.jetstream().key_value(jobs_bucket("spotrain"))
+        watcher = await bucket.watch(job_id)
+        async with asyncio.timeout(timeout_s):
+            async for entry in watcher:
+                if entry is None or not entry.value:
+                    continue  # the watch's "no value yet", or a deletion
+                if not JobRecord.model_validate_json(entry.value).is_active:
+                    return
+    finally:
+        await client.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
@@ -98,6 +116,7 @@ def main() -> None:
                 figures["ls_help"].append(timed([spotrain, "ls", "--help"], env, project))
                 submit = [spotrain, "submit", "train.py", "--cpus", "0.1", "--job-id", f"b-{run}"]
                 figures["submit"].append(timed(submit, env, project))
+                asyncio.run(job_ended(settings, f"b-{run}"))
                 figures["ls"].append(timed([spotrain, "ls", "--all"], env, project))
                 print(
                     f"run {run}{' (not counted)' if run == 0 else ''}: "
