@@ -25,8 +25,8 @@ import nats.errors
 import nats.js.errors
 import typer
 
-from shared.cli.console import CliError, err
-from shared.cli.tables import key_values
+from shared.cli.console import CliError, err, table_width
+from shared.cli.tables import Output, event_line, too_narrow
 from shared.cost import COST_EVENTS
 from shared.events import CATALOG, EventData, InvalidEventError, decode, subjects_for
 from shared.events.catalog import replay_subjects_for
@@ -77,11 +77,24 @@ def tail(
     since: Annotated[
         str | None, typer.Option(help=f"{_SINCE_HELP} Default: only new events.")
     ] = None,
-    as_json: Annotated[
-        bool, typer.Option("--json", help="Each event as stored, one JSON per line.")
-    ] = False,
+    output: Annotated[
+        Output,
+        typer.Option(
+            "--output",
+            "-o",
+            help="table (one line each, fitting the terminal), wide (every field) or json "
+            "(each event as stored, one JSON per line).",
+        ),
+    ] = Output.TABLE,
+    as_json: Annotated[bool, typer.Option("--json", help="Same as -o json.")] = False,
 ) -> None:
     """Follow events as they are stored, until Ctrl-C."""
+    if as_json:
+        output = Output.JSON
+    width = None if output is not Output.TABLE else table_width()
+    refusal = too_narrow(width)
+    if refusal is not None:
+        raise CliError(refusal, 2)
     models = _models(types)
     if job is not None:
         models = tuple(m for m in models if m.aggregate == "job")
@@ -93,7 +106,7 @@ def tail(
         subjects = subjects_for(models, bus.prefix)
         async with contextlib.aclosing(bus.follow(subjects, stop, since=start)) as records:
             async for record in records:
-                line = _tail_line(record, job, as_json=as_json)
+                line = _tail_line(record, job, output=output, width=width)
                 if line is not None:
                     print(line, flush=True)
 
@@ -281,7 +294,9 @@ async def _consumed_by(bus: JetStreamBus, service: str) -> tuple[type[EventData]
     return models
 
 
-def _tail_line(record: StreamRecord, job: str | None, *, as_json: bool) -> str | None:
+def _tail_line(
+    record: StreamRecord, job: str | None, *, output: Output, width: int | None
+) -> str | None:
     try:
         event = decode(record.data)
     except InvalidEventError as error:
@@ -290,13 +305,12 @@ def _tail_line(record: StreamRecord, job: str | None, *, as_json: bool) -> str |
         return f"{_when(record.stored_at)}  {record.subject}  invalid: {error.reason}"
     if job is not None and getattr(event.data, "job_id", None) != job:
         return None
-    if as_json:
+    if output is Output.JSON:
         line = one_per_line(record.data)
         return None if line is None else line.decode(errors="replace")
     data = event.data.model_dump(mode="json", exclude_defaults=True)
     key = data.pop("job_id", None) or data.pop("node", None) or event.subject or "-"
-    fields = key_values(data, limit=160)
-    return f"{_when(event.time)}  {type_name(type(event.data))}  {key}  {fields}".rstrip()
+    return event_line(f"{_when(event.time)}  {type_name(type(event.data))}  {key}", data, width)
 
 
 def _models(types: Sequence[str] | None) -> tuple[type[EventData], ...]:

@@ -22,8 +22,8 @@ import typer
 from pydantic import ValidationError
 from rich.progress import BarColumn, Progress, TaskID, TextColumn
 
-from shared.cli.console import CliError, duration_s, err, out, print_table
-from shared.cli.tables import Column, Output, ShowOutput, key_values
+from shared.cli.console import CliError, duration_s, err, out, print_table, table_width
+from shared.cli.tables import Column, Output, ShowOutput, event_line
 from shared.client import PlatformError, SpotrainClient, current_user, new_job_id
 from shared.cost import CostRow, Ledger, format_usd, job_costs
 from shared.cost.attribution import Charge
@@ -158,8 +158,7 @@ def show(job_id: str, all_events: bool, output: ShowOutput) -> None:
     """What `spotrain show` does."""
 
     async def go(client: SpotrainClient) -> tuple[JobRecord | None, list[Any], Ledger]:
-        record, history = await client.job(job_id), await client.history(job_id)
-        return record, history, await client.costs()
+        return await asyncio.gather(client.job(job_id), client.history(job_id), client.costs())
 
     record, history, ledger = _run(lambda: _with_client(go))
     if record is None and not history:
@@ -179,8 +178,10 @@ def show(job_id: str, all_events: bool, output: ShowOutput) -> None:
     shown = history if all_events else history[-10:]
     more = "" if len(shown) == len(history) else f" (last {len(shown)}; --events for all)"
     out.print(f"events: {len(history)}{more}", highlight=False)
+    width = table_width()
     for event in shown:
-        out.print(f"  {_event_line(event)}", soft_wrap=True, highlight=False, markup=False)
+        line = _event_line(event, None if width is None else width - 2)
+        out.print(f"  {line}", soft_wrap=True, highlight=False, markup=False)
 
 
 def describe(record: JobRecord, charges: Sequence[Charge], now: datetime) -> list[str]:
@@ -258,14 +259,14 @@ def _attempt_line(attempt: Attempt, after: Attempt | None, cost: Fraction | None
     return ", ".join(parts)
 
 
-def _event_line(event: Event[EventData]) -> str:
-    """`10:02:11  job.started  submitter  attempt=2 node="gpu-spot-3"`: one line an event."""
+def _event_line(event: Event[EventData], width: int | None) -> str:
+    """`10:02:11  job.started  submitter  attempt=2 node="gpu-spot-3"`: one line an event,
+    its fields cut to `width`."""
     data = event.data.model_dump(
         mode="json", exclude_defaults=True, exclude={"job_id", "entrypoint", "env"}
     )
-    fields = key_values(data, limit=100)
     kind = event.type.removeprefix("spotrain.").rsplit(".", 1)[0]
-    return f"{event.time:%H:%M:%S}  {kind}  {event.source}  {fields}".rstrip()
+    return event_line(f"{event.time:%H:%M:%S}  {kind}  {event.source}", data, width)
 
 
 def logs(job_id: str, follow: bool, attempt: int | None) -> None:

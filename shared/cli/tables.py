@@ -8,6 +8,7 @@ scripts the rows with stable keys instead.
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -107,6 +108,24 @@ def too_narrow(width: int | None) -> str | None:
     if width is not None and width < NARROWEST:
         return f"the terminal is {width} columns wide; tables need {NARROWEST} (or use -o json)"
     return None
+
+
+def event_line(head: str, data: Mapping[str, object], width: int | None) -> str:
+    """One event on one line of `width` characters: `head` (when, what, the job or node),
+    whole whatever the width, then as much of the event's fields as the rest holds; all
+    of them when `width` is None (-o wide, or not a terminal)."""
+    if not data:
+        return head
+    if width is None:
+        return f"{head}{' ' * GAP}{key_values(data, limit=sys.maxsize)}"
+    room = width - len(head) - GAP
+    if room < MIN_FIELDS_ROOM:
+        return head
+    return f"{head}{' ' * GAP}{key_values(data, limit=room)}"
+
+
+MIN_FIELDS_ROOM = 12
+"""Fewer columns left beside an event's head show no fields rather than `a=...`."""
 
 
 def key_values(data: Mapping[str, object], *, limit: int) -> str:

@@ -314,3 +314,47 @@ async def test_reading_a_bus_with_no_stream_is_one_line(bus_settings: BusSetting
         f"spotrain: error: nothing recorded: NATS at {bus_settings.nats_url} has no stream "
         f"{bus_settings.stream}"
     ]
+
+
+@pytest.mark.parametrize("output", ["json", "table", "wide"])
+async def test_tail_gives_each_event_as_stored_or_one_line_that_fits(
+    jetstream_bus: JetStreamBus, bus_settings: BusSettings, output: str
+) -> None:
+    columns = 80
+    since = await instant(jetstream_bus)
+    event = job_requested("job-t", owner="alice")
+    await jetstream_bus.publish(event)
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        SPOTRAIN,
+        "events",
+        "tail",
+        "-o",
+        output,
+        "--since",
+        since,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env={**cli_env(bus_settings), "COLUMNS": str(columns)},
+    )
+    try:
+        assert process.stdout is not None
+        line = await _line(process.stdout)
+        process.send_signal(signal.SIGINT)
+        _, stderr = await asyncio.wait_for(process.communicate(), timeout=15)
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    assert process.returncode == 0, stderr
+    if output == "json":
+        assert line.encode() == encode(event)
+        return
+    assert "  job.requested  job-t" in line
+    if output == "table":
+        assert len(line) <= columns
+        assert line.endswith("...")
+    else:
+        assert 'owner="alice"' in line
+        assert len(line) > columns

@@ -6,7 +6,17 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shared.cli.tables import GAP, Column, column_width, fitting, key_values, render, too_narrow
+from shared.cli.tables import (
+    GAP,
+    MIN_FIELDS_ROOM,
+    Column,
+    column_width,
+    event_line,
+    fitting,
+    key_values,
+    render,
+    too_narrow,
+)
 
 COLUMNS = [
     Column("job"),
@@ -109,3 +119,43 @@ def test_a_fitted_table_keeps_what_must_show_and_drops_by_priority(
 def test_an_events_fields_on_one_line(data: dict[str, object], limit: int, line: str) -> None:
     assert key_values(data, limit=limit) == line
     assert len(key_values(data, limit=limit)) <= limit
+
+
+HEAD = "2026-12-04 04:50:01.123+00:00  job.started  train-digits-7f3a"
+
+
+@pytest.mark.parametrize(
+    ("data", "width", "line"),
+    [
+        pytest.param(
+            {"attempt": 2, "node": "gpu-spot-3"},
+            None,
+            f'{HEAD}  attempt=2 node="gpu-spot-3"',
+            id="not-a-terminal-every-field",
+        ),
+        pytest.param(
+            {"attempt": 2, "node": "gpu-spot-3"},
+            len(HEAD) + GAP + 20,
+            f'{HEAD}  attempt=2 node="g...',
+            id="fields-cut-to-the-width",
+        ),
+        pytest.param(
+            {"attempt": 2}, len(HEAD) + GAP + MIN_FIELDS_ROOM - 1, HEAD, id="no-room-no-fields"
+        ),
+        # The head is whole even past the width: an id is never cut.
+        pytest.param({"attempt": 2}, 40, HEAD, id="the-head-whole"),
+        pytest.param({}, 200, HEAD, id="no-fields"),
+    ],
+)
+def test_an_event_line(data: dict[str, object], width: int | None, line: str) -> None:
+    assert event_line(HEAD, data, width) == line
+
+
+@given(
+    data=st.dictionaries(st.text(min_size=1, max_size=8), st.integers(), max_size=6),
+    width=st.integers(min_value=len(HEAD), max_value=200),
+)
+def test_an_event_line_fits_a_width_its_head_fits(data: dict[str, object], width: int) -> None:
+    line = event_line(HEAD, data, width)
+    assert line.startswith(HEAD)
+    assert len(line) <= width

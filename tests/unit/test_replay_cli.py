@@ -39,6 +39,9 @@ from tests.cli import no_bus, spotrain
             id="tail-job-without-job-events",
         ),
         pytest.param(
+            ["events", "tail", "-o", "yaml"], "'yaml' is not one of", id="tail-unknown-output"
+        ),
+        pytest.param(
             ["events", "import", "no-such.jsonl"], "cannot read no-such.jsonl", id="import-missing"
         ),
         pytest.param(
