@@ -79,9 +79,9 @@ def render(snapshot: TopSnapshot, *, limit: int = 20, width: int | None = None) 
     if snapshot.pools is None:
         parts.append(Text(NO_SCALER, style="yellow"))
     else:
-        parts.append(_pools_table(snapshot.pools, snapshot.taken_at))
+        parts.append(_pools_table(snapshot.pools, snapshot.taken_at, width))
     parts.append(_jobs_table(snapshot, limit, width))
-    parts.append(_experiments_table(snapshot.experiments, limit))
+    parts.append(_experiments_table(snapshot.experiments, limit, width))
     return Group(*parts)
 
 
@@ -124,28 +124,73 @@ def _header(snapshot: TopSnapshot) -> Text:
     return line
 
 
-def _pools_table(status: PoolsStatus, now: datetime) -> Table:
+_POOL_COLUMNS = (
+    # As `spotrain pools` orders them: how full each pool is and what waits for it first.
+    Column("pool"),
+    Column("capacity", priority=2),
+    Column("ready/nodes", priority=1),
+    Column("busy/gpus", priority=1),
+    Column("pending_jobs", priority=1),
+    Column("pending_gpus", priority=3),
+    Column("target", priority=3),
+    Column("usd_per_hour", priority=2),
+)
+
+
+def _pools_table(status: PoolsStatus, now: datetime, width: int | None) -> Table:
     age = now - status.updated_at
     seen_at = status.updated_at.astimezone(now.tzinfo)
     title = Text(f"pools, as the scaler saw them at {seen_at:%H:%M:%S}")
     if age > STALE_AFTER:
         title.append(f" ({int(age.total_seconds())}s ago: is the scaler running?)", style="yellow")
+    rows = [
+        {
+            "pool": row.pool,
+            "capacity": row.capacity.value,
+            "ready/nodes": f"{row.ready}/{row.nodes}",
+            "busy/gpus": f"{row.gpus_total - row.gpus_free}/{row.gpus_total}",
+            "pending_jobs": str(row.pending_jobs),
+            "pending_gpus": str(row.pending_gpus),
+            "target": str(row.target),
+            "usd_per_hour": f"{row.price_per_hour_usd:.2f}",
+        }
+        for row in status.pools
+    ]
+    return _fitted_table(_POOL_COLUMNS, rows, width, title=title)
+
+
+def _fitted_table(
+    columns: Sequence[Column],
+    rows: Sequence[Mapping[str, str | Text]],
+    width: int | None,
+    *,
+    title: str | Text,
+    caption: str | None = None,
+    footer: Mapping[str, str] | None = None,
+) -> Table:
+    """A boxed table of the columns that fit in `width` (`tables.fitting`, the footer's
+    cells counted), the ones that must stay (priority 0: an id, a name) never wrapped or
+    cut."""
+    plain = [{key: str(cell) for key, cell in row.items()} for row in rows]
+    measured = [*plain, footer] if footer is not None else plain
+    shown = fitting(columns, measured, width, gap=3, edges=4)
     table = Table(
-        "pool", "capacity", "nodes ready/all", "GPUs busy/total", "pending jobs",
-        "pending GPUs", "target", "$/h per node",
-        title=title, title_justify="left",
-    )  # fmt: skip
-    for row in status.pools:
-        table.add_row(
-            row.pool,
-            row.capacity.value,
-            f"{row.ready}/{row.nodes}",
-            f"{row.gpus_total - row.gpus_free}/{row.gpus_total}",
-            str(row.pending_jobs),
-            str(row.pending_gpus),
-            str(row.target),
-            f"{row.price_per_hour_usd:.2f}",
+        title=title,
+        title_justify="left",
+        caption=caption,
+        caption_justify="left",
+        show_footer=footer is not None,
+    )
+    for column in shown:
+        keep = column.priority == 0
+        table.add_column(
+            column.key,
+            footer=footer[column.key] if footer is not None else "",
+            no_wrap=keep,
+            min_width=column_width(column, measured) if keep else None,
         )
+    for row in rows:
+        table.add_row(*(row[column.key] for column in shown))
     return table
 
 
@@ -183,24 +228,19 @@ def _jobs_table(snapshot: TopSnapshot, limit: int, width: int | None) -> Table:
                 "cost": format_usd(spent.cost_usd) if spent else "-",
             }
         )
-    shown = fitting(_JOB_COLUMNS, rows, width, gap=3, edges=4)
-    table = Table(
+    styled: list[dict[str, str | Text]] = [
+        {**cells, "state": Text(cells["state"], style=_STATE_COLOURS.get(record.state, "yellow"))}
+        for record, cells in zip(records, rows, strict=True)
+    ]
+    table = _fitted_table(
+        _JOB_COLUMNS,
+        styled,
+        width,
         title="jobs, active first",
-        title_justify="left",
         caption=f"{left_out} more not shown (--limit)" if left_out else None,
-        caption_justify="left",
     )
-    for column in shown:
-        # An id is read and copied: never cut, whatever else has to give.
-        keep = column.key == "job"
-        table.add_column(
-            column.key, no_wrap=keep, min_width=column_width(column, rows) if keep else None
-        )
-    for record, cells in zip(records, rows, strict=True):
-        styles = {"state": _STATE_COLOURS.get(record.state, "yellow")}
-        table.add_row(*(Text(cells[c.key], style=styles.get(c.key, "")) for c in shown))
     if not rows:
-        table.add_row("[dim]no jobs[/]", *[""] * (len(shown) - 1))
+        table.add_row("[dim]no jobs[/]", *[""] * (len(table.columns) - 1))
     return table
 
 
@@ -210,35 +250,42 @@ def _step(step: int | None, total_steps: int | None) -> str:
     return f"{step}/{total_steps}" if total_steps is not None else str(step)
 
 
-def _experiments_table(rows: Sequence[CostRow], limit: int) -> Table:
-    shown = rows[:limit]
-    table = Table(
-        "experiment", "cost", "waste", "saving vs on-demand",
-        title="cost by experiment, all on record", title_justify="left",
-        show_footer=bool(rows),
-        caption=f"{len(rows) - limit} more not shown" if len(rows) > limit else None,
-        caption_justify="left",
-    )  # fmt: skip
-    for row in shown:
+_EXPERIMENT_COLUMNS = (
+    Column("experiment"),
+    Column("cost"),
+    Column("waste", priority=1),
+    Column("saving_vs_on_demand", priority=2),
+)
+
+
+def _experiments_table(rows: Sequence[CostRow], limit: int, width: int | None) -> Table:
+    cells: list[dict[str, str | Text]] = []
+    for row in rows[:limit]:
         if row.idle_pool is not None:
-            name = f"[dim](idle {row.idle_pool})[/]"
+            name = Text(f"(idle {row.idle_pool})", style="dim")
         else:
-            name = row.key or "[dim](none)[/]"
-        table.add_row(name, *_figures(row))
-    if rows:
-        for column, cell in zip(table.columns, ("total", *_figures(total(rows))), strict=True):
-            column.footer = cell
-    else:
-        table.add_row("[dim]nothing billed yet[/]", "", "", "")
+            name = Text(row.key) if row.key else Text("(none)", style="dim")
+        cells.append({"experiment": name, **_figures(row)})
+    totals = {"experiment": "total", **_figures(total(rows))}
+    table = _fitted_table(
+        _EXPERIMENT_COLUMNS,
+        cells,
+        width,
+        footer=totals if rows else None,
+        title="cost by experiment, all on record",
+        caption=f"{len(rows) - limit} more not shown" if len(rows) > limit else None,
+    )
+    if not rows:
+        table.add_row("[dim]nothing billed yet[/]", *[""] * (len(table.columns) - 1))
     return table
 
 
-def _figures(row: CostRow) -> tuple[str, str, str]:
-    return (
-        format_usd(row.cost_usd),
-        format_usd(row.waste_usd),
-        format_usd(row.saving_vs_on_demand_usd),
-    )
+def _figures(row: CostRow) -> dict[str, str]:
+    return {
+        "cost": format_usd(row.cost_usd),
+        "waste": format_usd(row.waste_usd),
+        "saving_vs_on_demand": format_usd(row.saving_vs_on_demand_usd),
+    }
 
 
 # --- reading snapshots -----------------------------------------------------------------

@@ -196,8 +196,21 @@ def test_at_80_columns_the_jobs_keep_their_whole_ids_state_step_and_cost() -> No
     cells = [cell.strip() for cell in line.split("│")][1:-1]
     assert cells[0] == long_id, "the id whole, on one line"
     assert cells[1:] == ["running", "5/9", "", "-"], "state, step, metric, cost; not the rest"
-    assert "…" not in text.split("jobs, active first")[1].split("cost by experiment")[0]
+    assert "…" not in text, "no header or cell cut, in any of the three tables"
     assert all(len(line) <= 80 for line in text.splitlines())
+    assert row(text, "gpu-spot")[:2] == ["gpu-spot", "spot"], "pools: their name and capacity"
+    assert row(text, "(idle gpu-on-demand)")[:2] == ["(idle gpu-on-demand)", "$0.2950"]
+
+
+def test_at_60_columns_each_table_keeps_what_it_is_about() -> None:
+    console = Console(record=True, width=60, file=io.StringIO())
+    console.print(render(snapshot(), width=60))
+    text = console.export_text()
+    assert "…" not in text
+    assert all(len(line) <= 60 for line in text.splitlines())
+    assert row(text, "gpu-spot")[0] == "gpu-spot"
+    assert {"job-a", "running", "$0.2100"} <= set(row(text, "job-a"))
+    assert row(text, "total")[:2] == ["total", "$0.5850"]
 
 
 def test_cost_by_experiment_lists_cost_waste_saving_and_the_total() -> None:
