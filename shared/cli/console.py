@@ -56,9 +56,16 @@ def table_width() -> int | None:
 
 
 def print_table(
-    columns: Sequence[Column], rows: Sequence[Row], output: Output, as_json: Sequence[object]
+    columns: Sequence[Column],
+    rows: Sequence[Row],
+    output: Output,
+    as_json: Sequence[object],
+    *,
+    empty: str | None = None,
 ) -> None:
-    """`rows` as a table that fits (every column with -o wide), or `as_json` with -o json."""
+    """`rows` as a table that fits (every column with -o wide), or `as_json` with -o json.
+    No rows: `empty` on stderr, as kubectl says "No resources found", rather than a lone
+    header."""
     if output is Output.JSON:
         print(json.dumps(list(as_json), indent=2))
         return
@@ -66,6 +73,9 @@ def print_table(
     refusal = too_narrow(width)
     if refusal is not None:
         raise CliError(refusal, 2)
+    if not rows and empty is not None:
+        err.print(empty, style="dim", highlight=False, soft_wrap=True)
+        return
     # One print of the whole table: rich's cost is per call, and a table may have
     # thousands of rows.
     out.print(Text("\n").join(render(columns, rows, width)), soft_wrap=True)

@@ -294,7 +294,13 @@ def _print_table(
     if rows:
         # The bill's total is the last row, as on an invoice.
         cells.append(_cells("total", total(rows)))
-    print_table(columns, [{by.value: c.pop("key"), **c} for c in cells], output, [])
+    print_table(
+        columns,
+        [{by.value: c.pop("key"), **c} for c in cells],
+        output,
+        [],
+        empty="nothing billed: no node ran in the window",
+    )
     window = f"{ledger.start.astimezone():%Y-%m-%d %H:%M} to {ledger.end.astimezone():%H:%M}"
     scope = f" for experiment {experiment}" if experiment else ""
     out.print(f"[dim]node-seconds billed from {window}{scope}[/]")

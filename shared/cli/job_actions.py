@@ -136,7 +136,10 @@ def list_jobs(everyone: bool, output: Output) -> None:
         }
         for record in shown
     ]
-    print_table(columns, rows, output, as_json)
+    mine = "" if everyone else " of yours (--all for everyone's)"
+    print_table(
+        columns, rows, output, as_json, empty=f"no jobs{mine}; submit one: spotrain submit train.py"
+    )
 
 
 def _job_row(record: JobRecord, spent: CostRow | None, now: datetime) -> dict[str, str]:
@@ -401,7 +404,13 @@ def teams(as_json: bool, output: Output) -> None:
         }
         for row in rows
     ]
-    print_table(columns, table_rows, output, [row.model_dump(mode="json") for row in rows])
+    print_table(
+        columns,
+        table_rows,
+        output,
+        [row.model_dump(mode="json") for row in rows],
+        empty="the teams file names no team",
+    )
     if output is Output.JSON:
         return
     out.print(f"as of {status.at:%H:%M:%S}")

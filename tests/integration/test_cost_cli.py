@@ -219,6 +219,14 @@ async def test_ls_fits_80_columns_and_says_all_with_wide_or_json(
     assert row["job"] == "job-a"
     assert row["cost_usd"] == pytest.approx(0.21)
     assert row["attempt"] == 2
+    # None of the jobs is mine: a line that says so, not a lone header; [] for a script.
+    mine = spotrain(bus_settings, "ls", columns=80)
+    assert mine.returncode == 0, mine.stderr
+    assert mine.stdout == ""
+    assert mine.stderr.strip() == (
+        "no jobs of yours (--all for everyone's); submit one: spotrain submit train.py"
+    )
+    assert json.loads(spotrain(bus_settings, "ls", "-o", "json").stdout) == []
     tiny = spotrain(bus_settings, "ls", columns=30)
     assert tiny.returncode == 2
     assert tiny.stderr.strip() == (
