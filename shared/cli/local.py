@@ -11,7 +11,7 @@ from typing import Annotated
 
 import typer
 
-from shared.cli.console import CliError, duration_s, err, out, print_table
+from shared.cli.console import CliError, OutputOption, duration_s, err, out, print_table
 from shared.cli.tables import Column, Output
 from shared.localstack import stack
 from shared.localstack.market import check_market_pools
@@ -89,10 +89,10 @@ def down() -> None:
     out.print(f"stopped: {', '.join(stopped)}" if stopped else "nothing was running")
 
 
-def status() -> None:
+def status(output: OutputOption = Output.TABLE) -> None:
     """Show each part of the local stack and whether it is healthy (exit 1 if not)."""
     statuses = stack.status(LocalStackSettings())
-    _print_statuses(statuses)
+    _print_statuses(statuses, output)
     if any(s.state is not stack.State.HEALTHY for s in statuses):
         raise typer.Exit(1)
 
@@ -217,7 +217,7 @@ _STATE_COLOURS = {
 }
 
 
-def _print_statuses(statuses: list[stack.ComponentStatus]) -> None:
+def _print_statuses(statuses: list[stack.ComponentStatus], output: Output = Output.TABLE) -> None:
     columns = [
         Column("component"),
         Column("state", style=_STATE_COLOURS.get),
@@ -233,4 +233,8 @@ def _print_statuses(statuses: list[stack.ComponentStatus]) -> None:
         }
         for s in statuses
     ]
-    print_table(columns, rows, Output.TABLE, [])
+    as_json = [
+        {"component": s.name, "state": str(s.state), "pid": s.pid, "endpoint": s.endpoint}
+        for s in statuses
+    ]
+    print_table(columns, rows, output, as_json)

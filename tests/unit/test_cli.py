@@ -108,6 +108,12 @@ def test_status_of_a_stack_that_is_not_up_exits_1(tmp_path: Path) -> None:
     assert result.returncode == 1
     assert "stopped" in result.stdout
     assert "Traceback" not in result.stderr
+    as_json = spotrain("status", "-o", "json", env={"SPOTRAIN_LOCAL_HOME": str(tmp_path)})
+    assert as_json.returncode == 1
+    components = json.loads(as_json.stdout)
+    assert {c["component"] for c in components} >= {"nats", "submitter", "scaler"}
+    assert {c["state"] for c in components} == {"stopped"}
+    assert set(components[0]) == {"component", "state", "pid", "endpoint"}
 
 
 def test_schema_writes_the_event_documents(tmp_path: Path) -> None:
