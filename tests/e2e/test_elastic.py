@@ -32,11 +32,21 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(480)]
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
-async def _charged_nodes(env: dict[str, str], job_id: str) -> set[str]:
+async def _charged_nodes(
+    env: dict[str, str], job_id: str, expected: set[str], timeout_s: float = 30
+) -> set[str]:
+    """The nodes the ledger charges the job for, once it charges each of `expected` (or the
+    timeout passes). An open node is billed up to the scaler's last sighting of it, so a
+    node the job grew onto a moment ago is charged from the scaler's next pass."""
     settings = BusSettings(nats_url=env["SPOTRAIN_NATS_URL"])
+    deadline = time.monotonic() + timeout_s
     async with await SpotrainClient.connect(settings) as client:
-        charges = (await client.costs()).attribution.charges
-    return {c.node for c in charges if c.job_id == job_id and c.cost_usd > 0}
+        while True:
+            charges = (await client.costs()).attribution.charges
+            charged = {c.node for c in charges if c.job_id == job_id and c.cost_usd > 0}
+            if expected <= charged or time.monotonic() > deadline:
+                return charged
+            await asyncio.sleep(1)
 
 
 async def _history(env: dict[str, str], job_id: str) -> tuple[JobRecord | None, list[Event[Any]]]:
@@ -143,8 +153,9 @@ def test_a_preempted_worker_node_costs_an_elastic_job_no_attempt_and_no_step(
     assert holding[0] not in shrank.nodes, "the preempted node holds no worker any more"
     assert shrank.steps_lost == max(0, reached - went_on_from)
     # Cost charges the attempt for every node its workers held, the preempted one too.
-    charged = asyncio.run(_charged_nodes(local_stack, job_id))
-    assert set(holding) | set(resizes(events)[-1].nodes) <= charged, charged
+    held = set(holding) | set(resizes(events)[-1].nodes)
+    charged = asyncio.run(_charged_nodes(local_stack, job_id, held))
+    assert held <= charged, charged
 
     # The dashboards' worker panels have the run to draw.
     url = prometheus_url(local_stack)
