@@ -209,12 +209,14 @@ class SpotrainClient:
             return [
                 r for answer in await self._pages(DeskAsk(ask=Ask.JOBS)) for r in answer.records
             ]
-        kv = await self._jobs_kv()
-        if kv is None:
-            return []
-        records = [
-            JobRecord.model_validate_json(entry.value or b"") for entry in await latest_entries(kv)
-        ]
+        js = self._bus.client.jetstream()
+        try:
+            entries = await latest_entries(js, jobs_bucket(self.prefix))
+        except nats.js.errors.NotFoundError:
+            return []  # no job yet: the submitter declares the bucket
+        except nats.errors.TimeoutError as error:
+            raise PlatformError("NATS did not answer in time") from error
+        records = [JobRecord.model_validate_json(entry.value or b"") for entry in entries]
         return sorted(records, key=lambda r: r.accepted_at, reverse=True)
 
     async def job(self, job_id: str) -> JobRecord | None:

@@ -258,13 +258,16 @@ def _bucket_reads(stream: str, why: str, *, listing: bool) -> list[Rule]:
         Rule(f"{JS_API}.DIRECT.GET.{stream}.>", why),
     ]
     if listing:
-        # Listing keys and reading objects go through an ordered push consumer with flow
-        # control, delivered to the reader's inbox; nats-py creates it unnamed, newer
-        # clients name it.
+        # Reading objects goes through an ordered push consumer with flow control, delivered
+        # to the reader's inbox; nats-py creates it unnamed, newer clients name it. A bucket
+        # is read whole through a pull consumer of the reader's own, which it deletes after
+        # (`shared.messaging.kv.latest_entries`).
         rules += [
             Rule(f"{JS_API}.CONSUMER.CREATE.{stream}", why),
             Rule(f"{JS_API}.CONSUMER.CREATE.{stream}.>", why),
             Rule(f"{JS_API}.CONSUMER.INFO.{stream}.>", why),
+            Rule(f"{JS_API}.CONSUMER.MSG.NEXT.{stream}.*", why),
+            Rule(f"{JS_API}.CONSUMER.DELETE.{stream}.*", why),
             Rule(f"$JS.FC.{stream}.>", why),
         ]
     return rules

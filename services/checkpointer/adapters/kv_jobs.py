@@ -36,8 +36,8 @@ class KvJobReader:
         return JobRecord.model_validate_json(entry.value) if entry.value else None
 
     async def active(self) -> list[JobRecord]:
-        kv = await self._open()
-        if kv is None:
+        if await self._open() is None:
             return []
-        records = [JobRecord.model_validate_json(e.value or b"") for e in await latest_entries(kv)]
+        entries = await latest_entries(self._js, self._bucket)
+        records = [JobRecord.model_validate_json(e.value or b"") for e in entries]
         return [record for record in records if record.is_active]

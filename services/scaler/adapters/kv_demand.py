@@ -24,15 +24,17 @@ from shared.pools import (
 
 
 class KvDemandStore:
-    def __init__(self, kv: KeyValue) -> None:
+    def __init__(self, js: JetStreamContext, kv: KeyValue, bucket: str) -> None:
+        self._js = js
         self._kv = kv
+        self._bucket = bucket
 
     @classmethod
     async def open(cls, js: JetStreamContext, bucket: str) -> Self:
         kv = await js.create_key_value(
             KeyValueConfig(bucket=bucket, history=1, storage=StorageType.FILE)
         )
-        return cls(kv)
+        return cls(js, kv, bucket)
 
     async def put(self, demand: Demand) -> None:
         stored = await self._get(demand.job_id)
@@ -53,6 +55,10 @@ class KvDemandStore:
             # nats-py reports a failed compare-and-set on delete as a bare bad request.
             if error.err_code != _WRONG_LAST_SEQUENCE:
                 raise
+
+    async def get(self, job_id: str) -> Demand | None:
+        stored = await self._get(job_id)
+        return stored[0] if stored is not None else None
 
     async def _get(self, job_id: str) -> tuple[Demand, int] | None:
         try:
@@ -94,7 +100,7 @@ class KvDemandStore:
     async def all(self) -> list[Demand]:
         return [
             Demand.model_validate_json(entry.value or b"")
-            for entry in await latest_entries(self._kv, f"{_PREFIX}>")
+            for entry in await latest_entries(self._js, self._bucket, f"{_PREFIX}>")
         ]
 
 

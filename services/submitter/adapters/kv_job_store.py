@@ -15,8 +15,10 @@ from shared.messaging.kv import latest_entries
 
 
 class KvJobStore:
-    def __init__(self, kv: KeyValue) -> None:
+    def __init__(self, js: JetStreamContext, kv: KeyValue, bucket: str) -> None:
+        self._js = js
         self._kv = kv
+        self._bucket = bucket
 
     @classmethod
     async def open(cls, js: JetStreamContext, bucket: str, *, replicas: int = 1) -> Self:
@@ -24,7 +26,7 @@ class KvJobStore:
         kv = await js.create_key_value(
             KeyValueConfig(bucket=bucket, history=16, storage=StorageType.FILE, replicas=replicas)
         )
-        return cls(kv)
+        return cls(js, kv, bucket)
 
     async def create(self, record: JobRecord) -> Revision | None:
         try:
@@ -52,5 +54,5 @@ class KvJobStore:
     async def all(self) -> list[tuple[JobRecord, Revision]]:
         return [
             (JobRecord.model_validate_json(entry.value or b""), entry.revision or 0)
-            for entry in await latest_entries(self._kv)
+            for entry in await latest_entries(self._js, self._bucket)
         ]
