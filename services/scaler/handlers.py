@@ -68,6 +68,8 @@ class Deps:
     demand: DemandStore
     status: StatusBoard
     history: NodeEventHistory
+    last_in_room: frozenset[str] = frozenset()
+    """The demands the last pass found room for on the nodes (`ScalePlan.in_room`)."""
     reported_blocks: set[tuple[str, int, str]] = field(default_factory=set)
     """Blocked demand already announced, so each is said once per attempt and reason."""
     out_of_capacity_until: dict[str, datetime] = field(default_factory=dict)
@@ -158,10 +160,20 @@ async def on_job_resized(event: Event[JobResized], deps: Deps) -> None:
 
 
 async def on_job_settled(event: Event[Any], deps: Deps) -> None:
-    """The attempt started or ended: its demand is no longer pending, nor is the room
-    wanted for moving it (an attempt that ends, moved or not, wants no room), nor for
-    workers it misses."""
-    await deps.demand.remove(event.data.job_id, event.data.attempt)
+    """The attempt started or ended: its demand is no longer pending (but for a multi-node
+    gang still to be placed, `elastic.kept_at_start`), nor is the room wanted for moving it
+    (an attempt that ends, moved or not, wants no room), nor for workers it misses."""
+    job_id, attempt = event.data.job_id, event.data.attempt
+    kept = None
+    if isinstance(event.data, JobStarted):
+        kept = elastic.kept_at_start(
+            await deps.demand.get(job_id), attempt, in_room=job_id in deps.last_in_room
+        )
+    if kept is not None:
+        await deps.demand.put(kept)
+        log.info("demand.started_without_room", attempt=attempt, workers=len(kept.bundles))
+    else:
+        await deps.demand.remove(job_id, attempt)
     await deps.demand.remove(move_demand_id(event.data.job_id), attempt=_EVERY_ATTEMPT)
     if not isinstance(event.data, JobStarted):
         await _withdraw_growth(event.data.job_id, deps)
@@ -208,7 +220,8 @@ async def reconcile(deps: Deps) -> ScalePlan:
         risk=_risk(deps),
         outlooks=_outlooks(deps, now),
     )
-    for served in elastic.served(decided.in_room):
+    deps.last_in_room = frozenset(decided.in_room)
+    for served in elastic.served(demands, decided.in_room):
         await deps.demand.remove(served, attempt=_EVERY_ATTEMPT)
     status = policy.summarize(
         deps.pools,

@@ -102,6 +102,10 @@ class Demand(Frozen):
     deadline: AwareDatetime | None = None
     work_left_s: float | None = None
     """Run time still needed, at the job's pace or its estimate (None: not known)."""
+    started: bool = False
+    """The attempt runs, its gang not yet placed: a multi-node driver asks for nothing and
+    starts on the head at once (`policy.elastic.kept_at_start`); done with once a pass
+    finds it room, as growth is (`policy.elastic.served`)."""
 
 
 class ScalerConfig(Frozen):

@@ -125,6 +125,9 @@ class InMemoryDemandStore:
         if stored is not None and stored.attempt <= attempt:
             del self.demands[job_id]
 
+    async def get(self, job_id: str) -> Demand | None:
+        return self.demands.get(job_id)
+
     async def all(self) -> list[Demand]:
         return list(self.demands.values())
 

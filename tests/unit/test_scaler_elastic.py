@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import pytest
 
+from services.scaler.model import Demand
 from services.scaler.policy.elastic import (
     OPPORTUNISTIC_PRIORITY,
     growth,
     growth_demand_id,
     is_growth_of,
+    kept_at_start,
     served,
 )
 from shared.events.data import JobResized, ResizeReason
@@ -80,8 +82,47 @@ def test_a_growth_demand_is_known_by_its_job(demand_id: str, job_id: str, matche
     assert is_growth_of(demand_id, job_id) is matches
 
 
-def test_only_growth_demand_in_room_is_done_with() -> None:
-    assert served(["job-1.grow-0", "job-2", "job-2.move", "job-3.grow-4"]) == [
-        "job-1.grow-0",
-        "job-3.grow-4",
+def demand(job_id: str, *, workers: int = 2, attempt: int = 1, started: bool = False) -> Demand:
+    return Demand(
+        job_id=job_id,
+        attempt=attempt,
+        bundles=(Bundle(gpus=1, cpus=4),) * workers,
+        capacity=S,
+        queued_at=NOW,
+        started=started,
+    )
+
+
+def test_only_running_attempts_demand_in_room_is_done_with() -> None:
+    demands = [
+        demand("job-1.grow-0", workers=1),
+        demand("job-2"),  # queued: it stays until its attempt starts
+        demand("job-2.move"),
+        demand("job-3.grow-4", workers=1),  # not in room
+        demand("job-4", started=True),
+        demand("job-5", started=True),  # not in room
     ]
+    in_room = ["job-1.grow-0", "job-2", "job-2.move", "job-4"]
+    assert served(demands, in_room) == ["job-1.grow-0", "job-4"]
+
+
+@pytest.mark.parametrize(
+    ("stored", "attempt", "in_room", "kept"),
+    [
+        pytest.param(None, 1, False, False, id="none-stored"),
+        pytest.param(demand("job-1", workers=1), 1, False, False, id="single-node-on-its-node"),
+        pytest.param(demand("job-1"), 1, False, True, id="gang-no-room-found-yet"),
+        pytest.param(demand("job-1"), 1, True, False, id="gang-taking-the-room-found"),
+        pytest.param(demand("job-1", attempt=2), 1, False, False, id="a-later-attempts-demand"),
+        pytest.param(demand("job-1", started=True), 1, False, True, id="told-twice"),
+    ],
+)
+def test_what_a_started_attempt_still_wants(
+    stored: Demand | None, attempt: int, in_room: bool, kept: bool
+) -> None:
+    still = kept_at_start(stored, attempt, in_room=in_room)
+    assert (still is not None) is kept
+    if still is not None:
+        assert stored is not None
+        assert still.started
+        assert still.model_copy(update={"started": stored.started}) == stored

@@ -308,3 +308,54 @@ async def test_growth_the_nodes_have_room_for_is_done_with_and_buys_no_node(
     clock.advance(timedelta(seconds=30))
     await reconcile(deps)
     assert list(cluster.launched) == ["gpu-spot-1"]
+
+
+def started_event(job_id: str) -> Any:
+    started = JobStarted(job_id=job_id, attempt=1, submission_id=f"{job_id}-1")
+    return new_event(started, source="submitter", time=NOW)
+
+
+async def test_a_gang_started_before_any_pass_keeps_its_demand_until_a_node_has_room(
+    deps: Deps, cluster: FakeCluster, clock: FixedClock
+) -> None:
+    """A multi-node driver asks for nothing and starts on the head at once, maybe before
+    any pass saw its demand: dropped then, nothing would ever buy its workers' nodes."""
+    assert isinstance(deps.demand, InMemoryDemandStore)
+    await on_job_queued(queued("job-g", gpus=1, workers=2), deps)
+    await on_job_settled(started_event("job-g"), deps)
+    assert deps.demand.demands["job-g"].started
+    await reconcile(deps)
+    assert list(cluster.launched) == ["gpu-spot-1"]
+    assert "job-g" in deps.demand.demands, "a node bought for it may yet fail to come"
+    clock.advance(timedelta(seconds=30))
+    await reconcile(deps)
+    assert deps.demand.demands == {}, "the node has its room: Ray Train takes it"
+    clock.advance(timedelta(seconds=30))
+    await reconcile(deps)
+    assert list(cluster.launched) == ["gpu-spot-1"]
+
+
+async def test_a_gang_the_last_pass_found_room_for_drops_its_demand_at_start(
+    deps: Deps, cluster: FakeCluster, clock: FixedClock
+) -> None:
+    assert isinstance(deps.demand, InMemoryDemandStore)
+    await on_job_queued(queued("job-g", gpus=1, workers=2), deps)
+    await reconcile(deps)
+    clock.advance(timedelta(seconds=30))
+    await reconcile(deps)
+    assert "job-g" in deps.demand.demands, "queued: it stays until it starts"
+    await on_job_settled(started_event("job-g"), deps)
+    assert deps.demand.demands == {}
+    await reconcile(deps)
+    assert list(cluster.launched) == ["gpu-spot-1"]
+
+
+async def test_a_single_node_attempt_drops_its_demand_at_start_before_any_pass(
+    deps: Deps, cluster: FakeCluster
+) -> None:
+    assert isinstance(deps.demand, InMemoryDemandStore)
+    await on_job_queued(queued("job-1"), deps)
+    await on_job_settled(started_event("job-1"), deps)
+    assert deps.demand.demands == {}
+    await reconcile(deps)
+    assert list(cluster.launched) == []

@@ -39,11 +39,28 @@ def is_growth(demand_id: str) -> bool:
     return bool(head) and worker.isdigit()
 
 
-def served(in_room: Iterable[str]) -> list[str]:
-    """The growth demands the nodes have room for now: done with, since the attempt's
-    own Ray Train takes that room when it next resizes (held on, they would buy another
-    node while it does, its room taken by the workers the demand stands for)."""
-    return [demand_id for demand_id in in_room if is_growth(demand_id)]
+def served(demands: Iterable[Demand], in_room: Iterable[str]) -> list[str]:
+    """The demands of running attempts that the nodes have room for now, growth and gangs
+    started before their room was found: done with, since the attempt's own Ray Train
+    takes that room (held on, they would buy another node while it does, its room taken by
+    the workers the demand stands for). A queued attempt's demand stays until it starts."""
+    room = set(in_room)
+    return [d.job_id for d in demands if d.job_id in room and (d.started or is_growth(d.job_id))]
+
+
+def kept_at_start(demand: Demand | None, attempt: int, *, in_room: bool) -> Demand | None:
+    """What is still wanted of an attempt's demand once it has started, `in_room` if the
+    last pass found room for it.
+
+    A single-node attempt starts on its node: nothing. A multi-node attempt's driver asks
+    for nothing and starts on the head at once, its gang still to be placed by Ray Train,
+    maybe before any pass saw its demand, or while the nodes bought for it boot or fail to
+    come: dropped then, the gang would wait for room nobody asks for. It stays, marked
+    started, until a pass finds it room (`served`); unless the last pass already had room
+    for it, which the gang is taking."""
+    if demand is None or demand.attempt != attempt or len(demand.bundles) < 2 or in_room:
+        return None
+    return demand.model_copy(update={"started": True})
 
 
 @dataclass(frozen=True)
