@@ -17,13 +17,14 @@ from typing import Annotated, TypeVar
 import nats.errors
 import nats.js.errors
 import typer
+from rich import box
 from rich.console import Group, RenderableType
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
 from shared.cli.console import CliError, out, table_width
-from shared.cli.tables import Column, column_width, fitting
+from shared.cli.tables import GAP, Column, column_width, fitting
 from shared.client import PlatformError, SpotrainClient
 from shared.clock import Clock, SystemClock
 from shared.cost import CostRow, GroupBy, cost_rows, format_usd, job_costs, total
@@ -69,19 +70,22 @@ class TopSnapshot:
     """The cost rows by experiment (`cost_rows(ledger, GroupBy.EXPERIMENT)`)."""
 
 
-def render(snapshot: TopSnapshot, *, limit: int = 20, width: int | None = None) -> RenderableType:
+def render(
+    snapshot: TopSnapshot, *, limit: int = 20, width: int | None = None, boxed: bool = True
+) -> RenderableType:
     """One frame: a header line, the pools, at most `limit` jobs (active ones first, then the
-    most recently finished), and the cost by experiment; in `width` columns, the jobs'
-    least useful columns left out (all of them if None).
+    most recently finished), and the cost by experiment; in `width` columns, each table's
+    least useful columns left out (all of them if None). Not `boxed` (not a terminal):
+    plain columns, as `ls` prints them.
 
     Pure: no I/O, no clock; the time shown is the snapshot's."""
     parts: list[RenderableType] = [_header(snapshot)]
     if snapshot.pools is None:
         parts.append(Text(NO_SCALER, style="yellow"))
     else:
-        parts.append(_pools_table(snapshot.pools, snapshot.taken_at, width))
-    parts.append(_jobs_table(snapshot, limit, width))
-    parts.append(_experiments_table(snapshot.experiments, limit, width))
+        parts.append(_pools_table(snapshot.pools, snapshot.taken_at, width, boxed=boxed))
+    parts.append(_jobs_table(snapshot, limit, width, boxed=boxed))
+    parts.append(_experiments_table(snapshot.experiments, limit, width, boxed=boxed))
     return Group(*parts)
 
 
@@ -137,7 +141,7 @@ _POOL_COLUMNS = (
 )
 
 
-def _pools_table(status: PoolsStatus, now: datetime, width: int | None) -> Table:
+def _pools_table(status: PoolsStatus, now: datetime, width: int | None, *, boxed: bool) -> Table:
     age = now - status.updated_at
     seen_at = status.updated_at.astimezone(now.tzinfo)
     title = Text(f"pools, as the scaler saw them at {seen_at:%H:%M:%S}")
@@ -156,7 +160,7 @@ def _pools_table(status: PoolsStatus, now: datetime, width: int | None) -> Table
         }
         for row in status.pools
     ]
-    return _fitted_table(_POOL_COLUMNS, rows, width, title=title)
+    return _fitted_table(_POOL_COLUMNS, rows, width, title=title, boxed=boxed)
 
 
 def _fitted_table(
@@ -167,14 +171,21 @@ def _fitted_table(
     title: str | Text,
     caption: str | None = None,
     footer: Mapping[str, str] | None = None,
+    boxed: bool = True,
 ) -> Table:
-    """A boxed table of the columns that fit in `width` (`tables.fitting`, the footer's
-    cells counted), the ones that must stay (priority 0: an id, a name) never wrapped or
-    cut."""
+    """A table of the columns that fit in `width` (`tables.fitting`, the footer's cells
+    counted), the ones that must stay (priority 0: an id, a name) never wrapped or cut.
+    Boxed, or plain columns two apart with no border (`tables.GAP`, as `ls`)."""
     plain = [{key: str(cell) for key, cell in row.items()} for row in rows]
     measured = [*plain, footer] if footer is not None else plain
-    shown = fitting(columns, measured, width, gap=3, edges=4)
+    if boxed:
+        shown = fitting(columns, measured, width, gap=3, edges=4)
+    else:
+        shown = fitting(columns, measured, width)
     table = Table(
+        box=box.HEAVY_HEAD if boxed else None,
+        pad_edge=boxed,
+        padding=(0, 1) if boxed else (0, GAP, 0, 0),
         title=title,
         title_justify="left",
         caption=caption,
@@ -209,7 +220,7 @@ _JOB_COLUMNS = (
 )
 
 
-def _jobs_table(snapshot: TopSnapshot, limit: int, width: int | None) -> Table:
+def _jobs_table(snapshot: TopSnapshot, limit: int, width: int | None, *, boxed: bool) -> Table:
     records, left_out = shown_jobs(snapshot.jobs, limit)
     rows = []
     for record in records:
@@ -238,6 +249,7 @@ def _jobs_table(snapshot: TopSnapshot, limit: int, width: int | None) -> Table:
         width,
         title="jobs, active first",
         caption=f"{left_out} more not shown (--limit)" if left_out else None,
+        boxed=boxed,
     )
     if not rows:
         table.add_row("[dim]no jobs[/]", *[""] * (len(table.columns) - 1))
@@ -258,7 +270,9 @@ _EXPERIMENT_COLUMNS = (
 )
 
 
-def _experiments_table(rows: Sequence[CostRow], limit: int, width: int | None) -> Table:
+def _experiments_table(
+    rows: Sequence[CostRow], limit: int, width: int | None, *, boxed: bool
+) -> Table:
     cells: list[dict[str, str | Text]] = []
     for row in rows[:limit]:
         if row.idle_pool is not None:
@@ -274,6 +288,7 @@ def _experiments_table(rows: Sequence[CostRow], limit: int, width: int | None) -
         footer=totals if rows else None,
         title="cost by experiment, all on record",
         caption=f"{len(rows) - limit} more not shown" if len(rows) > limit else None,
+        boxed=boxed,
     )
     if not rows:
         table.add_row("[dim]nothing billed yet[/]", *[""] * (len(table.columns) - 1))
@@ -344,7 +359,9 @@ def top(
         msg = f"--interval takes seconds, at least {MIN_INTERVAL_S:g}, not {interval:g}"
         raise CliError(msg, 2)
     if once:
-        out.print(render(asyncio.run(_once()), limit=limit, width=table_width()))
+        out.print(
+            render(asyncio.run(_once()), limit=limit, width=table_width(), boxed=out.is_terminal)
+        )
         return
     asyncio.run(_live(interval, limit))
 
@@ -396,18 +413,20 @@ async def _frames(
     """The first snapshot's frame, then one every `interval_s` until `stop` is set. A failed
     read keeps the last snapshot, says why under it, and is tried again at the next refresh."""
     last = first
-    yield render(first, limit=limit, width=table_width())
+    yield render(first, limit=limit, width=table_width(), boxed=out.is_terminal)
     while not await _stopped_within(stop, interval_s):
         try:
             snapshot = await _unless(stop, _within(REFRESH_TIMEOUT_S, reader.read()))
         except _READ_ERRORS as error:
             problem = Text(f"refresh failed, retrying: {_one_line(error)}", style="red")
-            yield Group(render(last, limit=limit, width=table_width()), problem)
+            yield Group(
+                render(last, limit=limit, width=table_width(), boxed=out.is_terminal), problem
+            )
             continue
         if snapshot is None:
             return
         last = snapshot
-        yield render(snapshot, limit=limit, width=table_width())
+        yield render(snapshot, limit=limit, width=table_width(), boxed=out.is_terminal)
 
 
 async def _within(seconds: float, work: Awaitable[T]) -> T:

@@ -4,6 +4,7 @@ its progress seeded on the bus, read back by the command in its own process."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -26,7 +27,6 @@ from shared.messaging.jetstream import JetStreamBus
 from shared.natsauth import Role, write_nats_config
 from shared.pools import STATUS_KEY, PoolsStatus, PoolStatus, pools_bucket
 from tests.cli import ENTRY
-from tests.unit.test_top import row
 
 pytestmark = pytest.mark.integration
 
@@ -117,6 +117,14 @@ def environment(settings: BusSettings) -> dict[str, str]:
     }
 
 
+def plain_row(text: str, first: str) -> list[str]:
+    """The cells of the one plain-table row whose first cell is `first` (cells are two or
+    more spaces apart)."""
+    rows = [cells for line in text.splitlines() if (cells := re.split(r" {2,}", line.strip()))]
+    [found] = [cells for cells in rows if cells[0] == first]
+    return found
+
+
 def once(settings: BusSettings) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         command("--once"),
@@ -134,8 +142,12 @@ def test_once_prints_the_seeded_pool_and_job(bus_settings: BusSettings) -> None:
     assert result.returncode == 0, result.stderr
     assert result.stderr == ""
     assert "GPUs allocated 2/4 (50%)" in result.stdout
-    assert row(result.stdout, "gpu-spot-seeded")[:4] == ["gpu-spot-seeded", "spot", "2/2", "2/4"]
-    assert row(result.stdout, "job-seeded") == [
+    # Piped: plain columns, as ls prints them, no box drawing.
+    assert not set("│┃━─┏└") & set(result.stdout)
+    assert plain_row(result.stdout, "gpu-spot-seeded")[:4] == [
+        "gpu-spot-seeded", "spot", "2/2", "2/4",
+    ]  # fmt: skip
+    assert plain_row(result.stdout, "job-seeded") == [
         "job-seeded", "alice", "exp-1", "running", "1", "40/100", "loss 0.5", "0", "-",
     ]  # fmt: skip
 

@@ -303,3 +303,13 @@ def test_without_a_bus_it_fails_as_ls_does(args: list[str]) -> None:
     assert result.stderr == spotrain("ls", env=env).stderr
     assert result.stderr.startswith("spotrain: error: the stack is not running (no NATS at ")
     assert result.stdout == ""
+
+
+def test_not_at_a_terminal_the_tables_are_plain_columns_that_fit() -> None:
+    console = Console(record=True, width=80, file=io.StringIO())
+    console.print(render(snapshot(), width=80, boxed=False))
+    text = console.export_text()
+    assert not set("│┃━─┏└") & set(text), "no box drawing"
+    assert all(len(line.rstrip()) <= 80 for line in text.splitlines())
+    [line] = [line for line in text.splitlines() if line.startswith("job-a ")]
+    assert line.split()[:3] == ["job-a", "alice", "exp-1"]
