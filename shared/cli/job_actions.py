@@ -11,7 +11,7 @@ import os
 import time
 import urllib.error
 import urllib.request
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from fractions import Fraction
@@ -202,7 +202,8 @@ def describe(record: JobRecord, charges: Sequence[Charge], now: datetime) -> lis
     ]
     current = record.current
     if request.num_workers > 1 or request.max_workers is not None:
-        lines.append(_workers_line(request, current.workers if current else None))
+        running = current is not None and current.state is AttemptState.RUNNING
+        lines.append(_workers_line(request, current.workers if running and current else None))
     if current is not None and current.step is not None:
         lines.append(f"progress: {_progress(current)}")
     if request.deadline is not None:
@@ -234,13 +235,15 @@ def _asks(request: JobRequested) -> str:
 def _progress(attempt: Attempt) -> str:
     total = f"/{attempt.total_steps}" if attempt.total_steps else ""
     metrics = "".join(f", {k} {v:.4g}" for k, v in sorted(attempt.metrics.items()))
-    eta = f", ETA {eta_text(attempt.eta_s)}" if attempt.state is AttemptState.RUNNING else ""
+    running = attempt.state is AttemptState.RUNNING and attempt.eta_s is not None
+    eta = f", {eta_text(attempt.eta_s)}" if running else ""
     return f"step {attempt.step}{total}{metrics}{eta}"
 
 
 def _attempt_line(attempt: Attempt, after: Attempt | None, cost: Fraction | None) -> str:
-    """`#2 running on gpu-spot-3 (gpu-spot, spot) 10:02:11-, from step 120, $0.0123`"""
-    where = ", ".join(attempt.worker_nodes or attempt.nodes) or "no node yet"
+    """`#2 running on gpu-spot-3 (gpu-spot, spot) 10:02:11-, from step 120, $0.0123`; a
+    multi-node attempt's nodes once each, `gpu-spot-4 x2` where two of its workers are."""
+    where = _nodes_text(attempt.worker_nodes or attempt.nodes) or "no node yet"
     pool = (
         f" ({attempt.pool}, {attempt.capacity.value})" if attempt.pool and attempt.capacity else ""
     )
@@ -260,6 +263,12 @@ def _attempt_line(attempt: Attempt, after: Attempt | None, cost: Fraction | None
     if cost is not None:
         parts.append(format_usd(cost))
     return ", ".join(parts)
+
+
+def _nodes_text(nodes: Sequence[str]) -> str:
+    """`gpu-spot-1, gpu-spot-2 x2`: each node once, in order, with its count of workers."""
+    counts = Counter(nodes)
+    return ", ".join(f"{n} x{counts[n]}" if counts[n] > 1 else n for n in dict.fromkeys(nodes))
 
 
 def _event_line(event: Event[EventData], width: int | None) -> str:
@@ -477,13 +486,11 @@ def request_fields(params: Mapping[str, Any], entrypoint: list[str]) -> dict[str
 def _workers_line(request: JobRequested, now: int | None = None) -> str:
     """The worker count asked for, and `now`, the running attempt's, once it reported."""
     workers = WorkerRange(min=request.num_workers, max=request.max_workers or request.num_workers)
-    running = f"; {now} now" if now is not None else ""
+    running = f", {now} now" if now is not None else ""
     if not workers.elastic:
-        return f"workers: {workers} (a gang: all or none{running})"
-    return (
-        f"workers: {workers} ({workers.min} a gang, up to {workers.max - workers.min} more as "
-        f"capacity allows; Ray Train resizes within{running})"
-    )
+        return f"workers: {workers}{running} (a gang: all or none)"
+    more = workers.max - workers.min
+    return f"workers: {workers}{running} (a gang of {workers.min}, {more} more as capacity allows)"
 
 
 def _refuse_a_gang_no_pool_holds(request: JobRequested, status: PoolsStatus | None) -> None:
@@ -705,10 +712,11 @@ def _ray_logs(dashboard: str, submission_id: str) -> str:
 def _cost_line(spent: CostRow | None) -> str:
     if spent is None:
         return "cost so far: $0 (no node-seconds attributed to it yet)"
+    # Two lines, each within 80 columns: `show` does not wrap a line (it stays whole for grep).
     return (
         f"cost so far: {format_usd(spent.cost_usd)}, {float(spent.gpu_hours):.2f} GPU-hours, "
-        f"{format_usd(spent.waste_usd)} of it lost to preemptions, "
-        f"{format_usd(spent.saving_vs_on_demand_usd)} saved against on-demand"
+        f"{format_usd(spent.waste_usd)} of it lost to preemptions\n"
+        f"saved: {format_usd(spent.saving_vs_on_demand_usd)} against on-demand"
     )
 
 

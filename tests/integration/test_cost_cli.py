@@ -181,8 +181,8 @@ async def test_ls_and_show_carry_the_cost_so_far(story: Story, bus_settings: Bus
     shown = spotrain(bus_settings, "show", "job-a")
     assert shown.returncode == 0, shown.stderr
     assert (
-        "cost so far: $0.2100, 0.33 GPU-hours, $0.0200 of it lost to preemptions, "
-        "$0.0900 saved against on-demand" in shown.stdout
+        "cost so far: $0.2100, 0.33 GPU-hours, $0.0200 of it lost to preemptions\n"
+        "saved: $0.0900 against on-demand\n" in shown.stdout
     )
     # Described attempt by attempt: where each ran, why it ended, the steps a restart went
     # back, and its share of the bill, the shares summing to the job's.

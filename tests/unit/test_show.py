@@ -1,0 +1,80 @@
+"""`spotrain show`'s description of a job: one fact a line, each within 80 columns, since
+`show` never wraps a line (it stays whole for grep)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from fractions import Fraction
+
+from shared.cli.job_actions import _cost_line, describe
+from shared.cost import CostRow, format_usd
+from shared.events.data import JobRequested
+from shared.events.types import Bundle, CapacityClass
+from shared.jobs import Attempt, AttemptState, JobRecord, JobState
+
+NOW = datetime(2026, 12, 4, 15, 34, tzinfo=UTC)
+
+
+def elastic_job(**running: object) -> JobRecord:
+    request = JobRequested(
+        job_id="train-ddp-5433cd",
+        owner="alice",
+        experiment="ddp-try",
+        entrypoint=("python", "train_ddp.py"),
+        worker=Bundle(gpus=0, cpus=1),
+        num_workers=2,
+        max_workers=3,
+        capacity=CapacityClass.SPOT,
+    )
+    attempt = Attempt(
+        number=1,
+        submission_id="train-ddp-5433cd-1",
+        submitted_at=NOW - timedelta(seconds=30),
+        started_at=NOW - timedelta(seconds=28),
+        state=AttemptState.RUNNING,
+        pool="gpu-spot",
+        capacity=CapacityClass.SPOT,
+        step=40,
+        total_steps=600,
+        metrics={"loss": 1.485},
+        workers=3,
+        worker_nodes=("gpu-spot-1", "gpu-spot-2", "gpu-spot-2"),
+        **running,  # type: ignore[arg-type]
+    )
+    return JobRecord(
+        request=request,
+        request_event_id="r-1",
+        state=JobState.RUNNING,
+        accepted_at=NOW - timedelta(seconds=33),
+        updated_at=NOW,
+        attempts=(attempt,),
+    )
+
+
+def test_an_elastic_job_is_described_in_lines_that_fit_80_columns() -> None:
+    lines = describe(elastic_job(eta_s=432), [], NOW)
+
+    assert max(len(line) for line in lines) <= 80, lines
+    assert "workers: 2..3, 3 now (a gang of 2, 1 more as capacity allows)" in lines
+    assert "progress: step 40/600, loss 1.485, eta 0:07:12" in lines
+    [attempt] = [line for line in lines if line.startswith("  #1 ")]
+    assert attempt.startswith("  #1 running on gpu-spot-1, gpu-spot-2 x2 (gpu-spot, spot) ")
+
+
+def test_no_eta_is_said_while_the_pace_is_not_known() -> None:
+    lines = describe(elastic_job(), [], NOW)
+
+    assert "progress: step 40/600, loss 1.485" in lines
+
+
+def test_the_cost_fits_80_columns_at_a_large_bill() -> None:
+    row = CostRow(
+        key="train-ddp-5433cd",
+        cost_usd=Fraction("12345.6789"),
+        gpu_seconds=Fraction(12345 * 3600),
+        waste_usd=Fraction("1234.5678"),
+        on_demand_usd=Fraction("35802.4680"),
+    )
+    lines = _cost_line(row).splitlines()
+    assert max(len(line) for line in lines) <= 80, lines
+    assert lines[1] == f"saved: {format_usd(Fraction('23456.7891'))} against on-demand"
