@@ -24,7 +24,8 @@ from rich.table import Table
 from rich.text import Text
 
 from shared.cli.console import CliError, out, table_width
-from shared.cli.tables import GAP, Column, column_width, fitting
+from shared.cli.tables import Column, column_width, fitting
+from shared.cli.tables import render as render_lines
 from shared.client import PlatformError, SpotrainClient
 from shared.clock import Clock, SystemClock
 from shared.cost import CostRow, GroupBy, cost_rows, format_usd, job_costs, total
@@ -119,9 +120,12 @@ def _header(snapshot: TopSnapshot) -> Text:
         busy = sum(p.gpus_total - p.gpus_free for p in status.pools)
         gpus = sum(p.gpus_total for p in status.pools)
         share = f"{busy / gpus:.0%}" if gpus else "-"
-        line.append(f"   GPUs allocated {busy}/{gpus} ({share})")
+        # Two lines: one would not fit 80 columns, and a terminal would break it anywhere.
+        line.append(f"\nGPUs allocated {busy}/{gpus} ({share})   ")
+    else:
+        line.append("\n")
     queued = [j for j in snapshot.jobs if j.state is JobState.QUEUED]
-    line.append(f"   queue {len(queued)} jobs / {sum(j.gpus for j in queued)} GPUs")
+    line.append(f"queue {len(queued)} jobs / {sum(j.gpus for j in queued)} GPUs")
     if status is not None:
         line.append("   blocked ")
         line.append(str(status.blocked_jobs), style="bold red" if status.blocked_jobs else "")
@@ -141,7 +145,9 @@ _POOL_COLUMNS = (
 )
 
 
-def _pools_table(status: PoolsStatus, now: datetime, width: int | None, *, boxed: bool) -> Table:
+def _pools_table(
+    status: PoolsStatus, now: datetime, width: int | None, *, boxed: bool
+) -> RenderableType:
     age = now - status.updated_at
     seen_at = status.updated_at.astimezone(now.tzinfo)
     title = Text(f"pools, as the scaler saw them at {seen_at:%H:%M:%S}")
@@ -160,7 +166,7 @@ def _pools_table(status: PoolsStatus, now: datetime, width: int | None, *, boxed
         }
         for row in status.pools
     ]
-    return _fitted_table(_POOL_COLUMNS, rows, width, title=title, boxed=boxed)
+    return _fitted_table(_POOL_COLUMNS, rows, width, title=title, empty="no pools", boxed=boxed)
 
 
 def _fitted_table(
@@ -169,23 +175,26 @@ def _fitted_table(
     width: int | None,
     *,
     title: str | Text,
+    empty: str,
     caption: str | None = None,
     footer: Mapping[str, str] | None = None,
     boxed: bool = True,
-) -> Table:
+) -> RenderableType:
     """A table of the columns that fit in `width` (`tables.fitting`, the footer's cells
-    counted), the ones that must stay (priority 0: an id, a name) never wrapped or cut.
-    Boxed, or plain columns two apart with no border (`tables.GAP`, as `ls`)."""
+    counted), the ones that must stay (priority 0: an id, a name) never wrapped or cut;
+    `empty` in its first column when there are no rows. Boxed, or (not at a terminal) the
+    plain lines `ls` prints, which rich never squeezes into its default 80 columns."""
     plain = [{key: str(cell) for key, cell in row.items()} for row in rows]
     measured = [*plain, footer] if footer is not None else plain
-    if boxed:
-        shown = fitting(columns, measured, width, gap=3, edges=4)
-    else:
-        shown = fitting(columns, measured, width)
+    if not boxed:
+        heading = title if isinstance(title, Text) else Text(title)
+        if not rows:
+            return Group(heading, Text(empty))
+        lines = [heading, *render_lines(columns, measured, width)]
+        return Group(*lines, *([Text(caption)] if caption else []))
+    shown = fitting(columns, measured, width, gap=3, edges=4)
     table = Table(
-        box=box.HEAVY_HEAD if boxed else None,
-        pad_edge=boxed,
-        padding=(0, 1) if boxed else (0, GAP, 0, 0),
+        box=box.HEAVY_HEAD,
         title=title,
         title_justify="left",
         caption=caption,
@@ -202,6 +211,8 @@ def _fitted_table(
         )
     for row in rows:
         table.add_row(*(row[column.key] for column in shown))
+    if not rows:
+        table.add_row(f"[dim]{empty}[/]", *[""] * (len(shown) - 1))
     return table
 
 
@@ -220,7 +231,9 @@ _JOB_COLUMNS = (
 )
 
 
-def _jobs_table(snapshot: TopSnapshot, limit: int, width: int | None, *, boxed: bool) -> Table:
+def _jobs_table(
+    snapshot: TopSnapshot, limit: int, width: int | None, *, boxed: bool
+) -> RenderableType:
     records, left_out = shown_jobs(snapshot.jobs, limit)
     rows = []
     for record in records:
@@ -243,17 +256,15 @@ def _jobs_table(snapshot: TopSnapshot, limit: int, width: int | None, *, boxed: 
         {**cells, "state": Text(cells["state"], style=_STATE_COLOURS.get(record.state, "yellow"))}
         for record, cells in zip(records, rows, strict=True)
     ]
-    table = _fitted_table(
+    return _fitted_table(
         _JOB_COLUMNS,
         styled,
         width,
         title="jobs, active first",
+        empty="no jobs",
         caption=f"{left_out} more not shown (--limit)" if left_out else None,
         boxed=boxed,
     )
-    if not rows:
-        table.add_row("[dim]no jobs[/]", *[""] * (len(table.columns) - 1))
-    return table
 
 
 def _step(step: int | None, total_steps: int | None) -> str:
@@ -272,7 +283,7 @@ _EXPERIMENT_COLUMNS = (
 
 def _experiments_table(
     rows: Sequence[CostRow], limit: int, width: int | None, *, boxed: bool
-) -> Table:
+) -> RenderableType:
     cells: list[dict[str, str | Text]] = []
     for row in rows[:limit]:
         if row.idle_pool is not None:
@@ -281,18 +292,16 @@ def _experiments_table(
             name = Text(row.key) if row.key else Text("(none)", style="dim")
         cells.append({"experiment": name, **_figures(row)})
     totals = {"experiment": "total", **_figures(total(rows))}
-    table = _fitted_table(
+    return _fitted_table(
         _EXPERIMENT_COLUMNS,
         cells,
         width,
         footer=totals if rows else None,
         title="cost by experiment, all on record",
+        empty="nothing billed yet",
         caption=f"{len(rows) - limit} more not shown" if len(rows) > limit else None,
         boxed=boxed,
     )
-    if not rows:
-        table.add_row("[dim]nothing billed yet[/]", *[""] * (len(table.columns) - 1))
-    return table
 
 
 def _figures(row: CostRow) -> dict[str, str]:
@@ -359,9 +368,11 @@ def top(
         msg = f"--interval takes seconds, at least {MIN_INTERVAL_S:g}, not {interval:g}"
         raise CliError(msg, 2)
     if once:
-        out.print(
-            render(asyncio.run(_once()), limit=limit, width=table_width(), boxed=out.is_terminal)
+        frame = render(
+            asyncio.run(_once()), limit=limit, width=table_width(), boxed=out.is_terminal
         )
+        # Piped: a line as long as its columns, never wrapped at rich's default 80.
+        out.print(frame, soft_wrap=not out.is_terminal)
         return
     asyncio.run(_live(interval, limit))
 

@@ -136,12 +136,13 @@ def row(text: str, first: str) -> list[str]:
 
 
 def test_the_header_shows_spend_against_budget_allocation_and_queue() -> None:
-    header = text_of(snapshot()).splitlines()[0]
-    assert "12:30:00" in header
-    assert "cost $3.20/h of $10.00/h budget" in header
-    assert "GPUs allocated 4/8 (50%)" in header
-    assert "queue 1 jobs / 2 GPUs" in header
-    assert "blocked 1" in header
+    spend, use = text_of(snapshot()).splitlines()[:2]
+    assert "12:30:00" in spend
+    assert "cost $3.20/h of $10.00/h budget" in spend
+    assert "GPUs allocated 4/8 (50%)" in use
+    assert "queue 1 jobs / 2 GPUs" in use
+    assert "blocked 1" in use
+    assert max(len(spend), len(use)) <= 80
 
 
 def test_each_pool_is_a_row_with_its_nodes_gpus_and_demand() -> None:
@@ -236,9 +237,9 @@ def test_a_stale_scaler_report_is_flagged() -> None:
 
 def test_spend_over_budget_and_no_gpus_read_plainly() -> None:
     empty = POOLS.model_copy(update={"pools": (), "cost_per_hour_usd": 12.0})
-    header = text_of(snapshot(pools=empty)).splitlines()[0]
-    assert "cost $12.00/h of $10.00/h budget" in header
-    assert "GPUs allocated 0/0 (-)" in header
+    spend, use = text_of(snapshot(pools=empty)).splitlines()[:2]
+    assert "cost $12.00/h of $10.00/h budget" in spend
+    assert "GPUs allocated 0/0 (-)" in use
 
 
 def test_an_empty_platform_draws_an_empty_frame() -> None:
@@ -313,3 +314,19 @@ def test_not_at_a_terminal_the_tables_are_plain_columns_that_fit() -> None:
     assert all(len(line.rstrip()) <= 80 for line in text.splitlines())
     [line] = [line for line in text.splitlines() if line.startswith("job-a ")]
     assert line.split()[:3] == ["job-a", "alice", "exp-1"]
+
+
+def test_piped_with_no_width_every_column_is_whole_past_80_columns() -> None:
+    """Piped, a table keeps all its columns; rich's console is 80 wide there, and must not
+    squeeze them into it (it cut `capacity` to `capaci…`)."""
+    console = Console(record=True, width=80, file=io.StringIO())
+    console.print(render(snapshot(), width=None, boxed=False), soft_wrap=True)
+    text = console.export_text()
+    assert "…" not in text
+    header = next(line for line in text.splitlines() if line.startswith("POOL "))
+    assert header.split() == [
+        "POOL", "CAPACITY", "READY/NODES", "BUSY/GPUS", "PENDING", "JOBS", "PENDING", "GPUS",
+        "TARGET", "USD", "PER", "HOUR",
+    ]  # fmt: skip
+    [total_row] = [line for line in text.splitlines() if line.startswith("total ")]
+    assert "$" in total_row
