@@ -34,6 +34,20 @@ class Ticker:
     name: str
     interval_s: float
     tick: Callable[[], Awaitable[None]]
+    slow_after_s: float | None = None
+    """A tick still running after this long is said in the log once (`ticker.slow`, with
+    what it is waiting on) and waited for: a pass that hangs shows where, rather than a
+    service that silently stops acting. None: `SLOW_TICKS` intervals, `SLOW_AFTER_MIN_S` at
+    least."""
+
+    def slow_after(self) -> float:
+        if self.slow_after_s is not None:
+            return self.slow_after_s
+        return max(SLOW_TICKS * self.interval_s, SLOW_AFTER_MIN_S)
+
+
+SLOW_TICKS = 30
+SLOW_AFTER_MIN_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -128,11 +142,40 @@ async def serve(
 async def _every(ticker: Ticker, stop: asyncio.Event) -> None:
     while not stop.is_set():
         try:
-            await ticker.tick()
+            await _tick(ticker)
         except Exception:  # the next tick is the retry
             log.exception("ticker.failed", ticker=ticker.name)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), timeout=ticker.interval_s)
+
+
+async def _tick(ticker: Ticker) -> None:
+    """One tick, said in the log if it runs past `slow_after()`; cancelled with its caller."""
+    running = asyncio.ensure_future(ticker.tick())
+    try:
+        done, _ = await asyncio.wait({running}, timeout=ticker.slow_after())
+        if not done:
+            log.warning(
+                "ticker.slow",
+                ticker=ticker.name,
+                running_s=ticker.slow_after(),
+                awaiting=awaiting(running),
+            )
+        await running
+    except asyncio.CancelledError:
+        running.cancel()
+        raise
+
+
+def awaiting(task: asyncio.Future[None]) -> str:
+    """The chain of coroutines a task is suspended in, outermost first (`reconcile >
+    all > latest_entries`): where a tick that does not end waits."""
+    names = []
+    step: object = task.get_coro() if isinstance(task, asyncio.Task) else None
+    while (code := getattr(step, "cr_code", None)) is not None:
+        names.append(code.co_qualname)
+        step = getattr(step, "cr_await", None)
+    return " > ".join(names)
 
 
 async def _keep(watch: Watch, stop: asyncio.Event) -> None:
