@@ -69,7 +69,9 @@ class Deps:
     status: StatusBoard
     history: NodeEventHistory
     last_in_room: frozenset[str] = frozenset()
-    """The demands the last pass found room for on the nodes (`ScalePlan.in_room`)."""
+    """The demands the last pass found room for on the nodes (`ScalePlan.in_room`). Not
+    kept across a restart: a gang that starts just after one keeps its demand until the
+    next pass, which buys a node for it if its workers took the room meanwhile."""
     reported_blocks: set[tuple[str, int, str]] = field(default_factory=set)
     """Blocked demand already announced, so each is said once per attempt and reason."""
     out_of_capacity_until: dict[str, datetime] = field(default_factory=dict)

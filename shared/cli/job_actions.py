@@ -202,8 +202,8 @@ def describe(record: JobRecord, charges: Sequence[Charge], now: datetime) -> lis
     ]
     current = record.current
     if request.num_workers > 1 or request.max_workers is not None:
-        running = current is not None and current.state is AttemptState.RUNNING
-        lines.append(_workers_line(request, current.workers if running and current else None))
+        running = current if current and current.state is AttemptState.RUNNING else None
+        lines.append(_workers_line(request, running.workers if running else None))
     if current is not None and current.step is not None:
         lines.append(f"progress: {_progress(current)}")
     if request.deadline is not None:
