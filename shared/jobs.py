@@ -20,7 +20,8 @@ def jobs_bucket(prefix: str) -> str:
 class JobState(StrEnum):
     REJECTED = "rejected"
     QUEUED = "queued"
-    """Accepted and submitted: waiting for capacity or for Ray to start it."""
+    """Accepted: waiting in the platform's queue for room (or for its team's quota), or
+    placed and handed to Ray, which has not started it yet."""
     RUNNING = "running"
     INTERRUPTED = "interrupted"
     """Its capacity went away; the checkpointer decides what happens next."""
@@ -35,7 +36,10 @@ TERMINAL_STATES = frozenset(
 
 
 class AttemptState(StrEnum):
+    QUEUED = "queued"
+    """In the platform's queue: nothing of it is in Ray until the scaler places it."""
     SUBMITTED = "submitted"
+    """Placed on named nodes and handed to Ray, which has not said it runs yet."""
     RUNNING = "running"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
@@ -76,6 +80,12 @@ class Attempt(Frozen):
     short_of_workers_since: datetime | None = None
     """Since when a multi-node attempt's group has had fewer than its MIN workers alive,
     as Ray's state API said; None while it has enough (or nobody looked)."""
+    placed_on: tuple[str, ...] = ()
+    """The nodes the scaler placed it on (one per bundle) and held for it: Ray got it
+    pinned there. Empty while it waits in the platform's queue."""
+    requeued: int = 0
+    """How often it went back to the queue for want of room before it ran (Ray could not
+    start it where it was placed): never a failure, nor a restart."""
     pool: str | None = None
     capacity: CapacityClass | None = None
     """The capacity it was pinned to, when the checkpointer moved it off the requested one."""

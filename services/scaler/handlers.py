@@ -5,6 +5,7 @@ began and stopped being billed (`node.launched`, `node.released`)."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -36,6 +37,7 @@ from shared.events.data import (
     JobFailed,
     JobInterrupted,
     JobMoveRequested,
+    JobPlaced,
     JobQueued,
     JobResized,
     JobStarted,
@@ -116,6 +118,8 @@ async def on_job_queued(event: Event[JobQueued], deps: Deps) -> None:
             queued_at=event.time,
             deadline=queued.deadline,
             work_left_s=queued.work_left_s,
+            avoid_nodes=queued.avoid_nodes,
+            requeued=queued.requeued,
         )
     )
     gpus = sum(b.gpus for b in queued.bundles)
@@ -139,8 +143,11 @@ async def on_job_move_requested(event: Event[JobMoveRequested], deps: Deps) -> N
     log.info("demand.move", job_id=wanted.job_id, capacity=wanted.capacity.value)
 
 
+_MOVE_SUFFIX = ".move"
+
+
 def move_demand_id(job_id: str) -> str:
-    return f"{job_id}.move"
+    return f"{job_id}{_MOVE_SUFFIX}"
 
 
 async def on_job_resized(event: Event[JobResized], deps: Deps) -> None:
@@ -223,6 +230,7 @@ async def reconcile(deps: Deps) -> ScalePlan:
         outlooks=_outlooks(deps, now),
     )
     deps.last_in_room = frozenset(decided.in_room)
+    await _hand_over(deps, demands, decided)
     for served in elastic.served(demands, decided.in_room):
         await deps.demand.remove(served, attempt=_EVERY_ATTEMPT)
     status = policy.summarize(
@@ -283,6 +291,36 @@ async def reconcile(deps: Deps) -> ScalePlan:
     await _learn(deps, provided, taken_back=taken_back, stocked_out=stocked_out, now=now)
     await _report_blocked(deps, decided)
     return decided
+
+
+async def _hand_over(deps: Deps, demands: Sequence[Demand], decided: ScalePlan) -> None:
+    """Say each placement (`job.placed`: the submitter hands the attempt to Ray, pinned to
+    its nodes), then hold its room in the demand. Said first: a pass that dies in between
+    places the attempt again, and the submitter takes the second placement for the first
+    or moves the attempt; held first, an attempt nobody heard of would keep its room."""
+    by_id = {demand.job_id: demand for demand in demands}
+    for placement in decided.placements:
+        demand = by_id[placement.job_id]
+        if elastic.is_growth(demand.job_id) or demand.job_id.endswith(_MOVE_SUFFIX):
+            continue  # room for a running attempt's Ray Train, or a move: no attempt to hand
+        digest = hashlib.sha256(",".join(placement.nodes).encode()).hexdigest()[:12]
+        placed = JobPlaced(
+            job_id=placement.job_id,
+            attempt=placement.attempt,
+            requeued=placement.requeued,
+            nodes=placement.nodes,
+            pool=placement.pool,
+        )
+        key = f"placed-{placement.job_id}-{placement.attempt}-{placement.requeued}-{digest}"
+        await _publish(deps, placed, event_id=key)
+        if await deps.demand.place(demand, placement.nodes):
+            metrics.PLACEMENTS.labels(placement.pool).inc()
+            log.info(
+                "demand.placed",
+                job_id=placement.job_id,
+                attempt=placement.attempt,
+                nodes=list(placement.nodes),
+            )
 
 
 async def _release_idle(deps: Deps, name: str, pool: str) -> None:

@@ -75,6 +75,11 @@ RESIZES = Counter(
     "Resizes the scaler asked of the provider, by pool, direction and reason.",
     ["pool", "direction", "reason"],
 )
+PLACEMENTS = Counter(
+    "spotrain_placements_total",
+    "Queued attempts placed on nodes' room and handed to the submitter, by pool.",
+    ["pool"],
+)
 RESIZE_FAILURES = Counter(
     "spotrain_pool_resize_failures_total", "Resizes the provider refused.", ["pool"]
 )

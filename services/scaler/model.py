@@ -102,10 +102,23 @@ class Demand(Frozen):
     deadline: AwareDatetime | None = None
     work_left_s: float | None = None
     """Run time still needed, at the job's pace or its estimate (None: not known)."""
+    avoid_nodes: tuple[str, ...] = ()
+    """Nodes it must not be placed on (they went away under its job before)."""
+    requeued: int = 0
+    """Which queueing of its attempt this is (`JobQueued.requeued`)."""
+    placed_on: tuple[str, ...] = ()
+    """The nodes a pass placed it on (`job.placed`), one per bundle: their room is held
+    for it until it starts, as long as they are up and not draining."""
     started: bool = False
     """The attempt runs, its gang not yet placed: a multi-node driver asks for nothing and
     starts on the head at once (`policy.elastic.kept_at_start`); done with once a pass
     finds it room, as growth is (`policy.elastic.served`)."""
+
+
+def queueing(demand: Demand) -> tuple[int, int]:
+    """Which queueing of its job a demand stands for: a later one replaces an earlier one,
+    never the other way round (a late event must not bring back an old demand)."""
+    return demand.attempt, demand.requeued
 
 
 class ScalerConfig(Frozen):
@@ -158,8 +171,21 @@ class Blocked(Frozen):
     """The pool that would have grown, when one could have."""
 
 
+class Placement(Frozen):
+    """Room on named, ready nodes that a queued attempt may take now: Ray gets it pinned
+    there, and the room is held for it until it starts."""
+
+    job_id: str
+    attempt: int
+    requeued: int = 0
+    nodes: tuple[Name, ...]
+    """One per bundle."""
+    pool: Name
+
+
 class ScalePlan(Frozen):
-    """The decision: a target per pool, which idle nodes to release, and what is blocked."""
+    """The decision: a target per pool, which idle nodes to release, what is blocked, and
+    which queued attempts take room on which nodes."""
 
     pools: tuple[PoolPlan, ...]
     release: tuple[Name, ...] = ()
@@ -167,6 +193,9 @@ class ScalePlan(Frozen):
     in_room: tuple[str, ...] = ()
     """The demands that fit in room the nodes have now, placed before any node was bought
     in this decision (whose room would count too)."""
+    placements: tuple[Placement, ...] = ()
+    """Queued attempts placed by this decision on ready nodes (placed anew, or again when a
+    node they were placed on went before they started), in the platform's order."""
 
     def target(self, pool: str) -> int:
         return next(p.target for p in self.pools if p.pool == pool)

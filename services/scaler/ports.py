@@ -71,7 +71,14 @@ class DemandStore(Protocol):
     """Pending demand, in a bucket the scaler alone writes, so a restart loses none."""
 
     async def put(self, demand: Demand) -> None:
-        """Store a job's pending demand, unless a later attempt's is already stored."""
+        """Store a job's pending demand, unless a later attempt's (or a later queueing of
+        the same attempt, `Demand.requeued`) is already stored."""
+        ...
+
+    async def place(self, demand: Demand, nodes: tuple[str, ...]) -> bool:
+        """Mark this very demand placed on `nodes`, by compare-and-set: False, and nothing
+        written, when the stored one is gone or changed meanwhile (its job started or was
+        cancelled, or it was queued anew)."""
         ...
 
     async def remove(self, job_id: str, attempt: int) -> None:

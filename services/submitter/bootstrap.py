@@ -52,6 +52,7 @@ async def bootstrap(bus: EventBus, stack: AsyncExitStack) -> ServiceDefinition:
         quotas=Quotas(
             max_gpus_per_job=settings.max_gpus_per_job,
             max_gpus_per_owner=settings.max_gpus_per_owner,
+            max_waiting_per_owner=settings.max_waiting_per_owner,
         ),
         checkpoint_root=settings.checkpoint_root,
         teams=teams,
@@ -72,11 +73,11 @@ async def bootstrap(bus: EventBus, stack: AsyncExitStack) -> ServiceDefinition:
     async def give_quota() -> None:
         await admit_waiting(deps)
 
-    tickers = [Ticker(name="track-attempts", interval_s=settings.track_interval_s, tick=track)]
-    if teams is not None:
-        tickers.append(
-            Ticker(name="admit-waiting", interval_s=settings.track_interval_s, tick=give_quota)
-        )
+    # Quota frees for owners as for teams: waiting jobs are looked at with or without one.
+    tickers = [
+        Ticker(name="track-attempts", interval_s=settings.track_interval_s, tick=track),
+        Ticker(name="admit-waiting", interval_s=settings.track_interval_s, tick=give_quota),
+    ]
 
     # People with credentials of their own read jobs through the desk, never the bucket.
     desk = RecordsDesk(bus, deps.store, teams)

@@ -37,6 +37,7 @@ from shared.events.data import (
     JobCancelRequested,
     JobFailed,
     JobInterrupted,
+    JobPlaced,
     JobRejected,
     JobRequested,
     JobResized,
@@ -120,7 +121,7 @@ async def on_job_requested(event: Event[JobRequested], deps: Deps) -> None:
         log.info("job.waiting_for_quota", team=record.team, reason=record.waiting_for)
         return
     first = record.attempts[0]
-    if record.current is not first or first.state is not AttemptState.SUBMITTED:
+    if record.current is not first or first.state is not AttemptState.QUEUED:
         # The job has moved on, so its answer went out before: a replay, days later, must
         # not queue demand again for a job that ran.
         log.info("job.request_repeated", state=record.state.value)
@@ -130,10 +131,36 @@ async def on_job_requested(event: Event[JobRequested], deps: Deps) -> None:
         JobAccepted(job_id=record.job_id, owner=request.owner, experiment=request.experiment),
         f"accepted-{record.job_id}",
     )
+    # Queued in the platform's queue: it reaches Ray once the scaler places it.
     queued = policy.queued_event(record, first, deps.clock.now())
     await _publish(deps, queued, f"queued-{record.job_id}-1")
-    await _submit(record, first, deps)
     log.info("job.queued", owner=request.owner, gpus=record.gpus)
+
+
+async def on_job_placed(event: Event[JobPlaced], deps: Deps) -> None:
+    """The scaler holds room on named nodes for a queued attempt: hand it to Ray, pinned
+    there. A repeat, or a placement the job no longer wants, changes nothing."""
+    placement = event.data
+    found = await deps.store.get(placement.job_id)
+    if found is None:
+        log.warning("job.placed_unknown", job_id=placement.job_id)
+        return
+    record, revision = found
+    transition = policy.placed(record, placement, deps.clock.now())
+    if transition.reason is Reason.UNCHANGED:
+        return
+    before = record.current
+    if transition.reason is Reason.REPLACED and before is not None:
+        status = await deps.ray.status(before.submission_id)
+        if status is not None and status.state is not RayJobState.PENDING:
+            return  # it started (or ended) where it was first placed: the tracker follows
+        await deps.ray.stop(before.submission_id)
+    if await _apply(transition, revision, deps) is None:
+        raise RetryLater(0.2, f"job {placement.job_id} moved on while it was being placed")
+    attempt = transition.record.current
+    if attempt is not None:
+        await _submit(transition.record, attempt, deps)
+        log.info("job.placed", attempt=attempt.number, nodes=list(placement.nodes))
 
 
 async def on_job_cancel_requested(event: Event[JobCancelRequested], deps: Deps) -> None:
@@ -185,13 +212,8 @@ async def on_job_resumed(event: Event[JobResumed], deps: Deps) -> None:
     if transition.record.waiting_for is not None:
         log.info("job.gave_way", attempt=resumed.attempt, reason=transition.record.waiting_for)
         return
-    if (
-        attempt is not None
-        and attempt.number == resumed.attempt
-        and attempt.state is AttemptState.SUBMITTED
-        and transition.record.is_active
-    ):
-        await _submit(transition.record, attempt, deps)
+    if transition.reason is Reason.RESUMED and attempt is not None:
+        # Queued: it reaches Ray once the scaler places it.
         log.info(
             "job.resumed",
             attempt=attempt.number,
@@ -345,13 +367,12 @@ async def _admit(event: Event[JobRequested], deps: Deps) -> tuple[JobRecord, Rev
 async def _admit_alone(event: Event[JobRequested], deps: Deps) -> tuple[JobRecord, Revision]:
     request = event.data
     records = {record.job_id: record for record, _ in await deps.store.all()}
-    in_use = sum(
-        record.gpus
-        for record in records.values()
-        if record.is_active and record.request.owner == request.owner and record.attempts
-    )
     decision = policy.admit(
-        request, owner_gpus_in_use=in_use, quotas=deps.quotas, now=deps.clock.now()
+        request,
+        owner_gpus_in_use=policy.owner_gpus_in_use(records.values(), request.owner),
+        owner_waiting=policy.owner_waiting(records.values(), request.owner),
+        quotas=deps.quotas,
+        now=deps.clock.now(),
     )
     unknown = await _unknown_secrets(request, deps)
     if unknown and isinstance(decision, policy.Accept):
@@ -444,6 +465,13 @@ async def _ask_to_give_way(job_id: str, cause: InterruptionCause, for_job: str, 
         if found is None:
             return
         record, revision = found
+        queued = policy.gave_way_queued(record, cause, for_job, deps.clock.now())
+        if queued is not None:
+            if await _apply(queued, revision, deps) is None:
+                continue
+            metrics.GIVE_WAY_ASKED.labels(cause.value).inc()
+            log.info("job.gave_way_queued", job_id=job_id, cause=cause.value, for_job=for_job)
+            return
         asked = policy.give_way(record, cause, for_job, deps.clock.now())
         if asked is None:
             return
@@ -486,41 +514,53 @@ async def _release(job_id: str, deps: Deps) -> None:
 
 
 async def admit_waiting(deps: Deps) -> None:
-    """Give waiting jobs their quota as it frees, higher priority first, and publish what
-    `spotrain teams` shows. One pass; a lost race waits for the next."""
-    if deps.teams is None or deps.holds is None:
-        return
+    """Give waiting jobs their quota as it frees (their owner's, then their team's), higher
+    priority first, then older; and publish what `spotrain teams` shows. One pass; a lost
+    race waits for the next."""
     found = await deps.store.all()
     records = {record.job_id: record for record, _ in found}
     revisions = {record.job_id: revision for record, revision in found}
+    in_use: dict[str, int] = {}
+    for record in records.values():
+        owner = record.request.owner
+        in_use[owner] = in_use.get(owner, 0) + policy.owner_gpus_in_use([record], owner)
     # A job that must wait says that a later one of its team and class, no smaller and no
     # higher, waits too: one decision each, not one per waiting job, per pass.
     blocked: dict[tuple[str | None, CapacityClass], tuple[int, int]] = {}
     for record in policy.waiting_order(records.values()):
+        owner = record.request.owner
         where = (record.team, quota_class(record.request.capacity))
         seen = blocked.get(where)
         if seen is not None and record.gpus >= seen[0] and record.request.priority <= seen[1]:
             continue
         with structlog.contextvars.bound_contextvars(job_id=record.job_id):
-            decision = await _admit_in_team(record.request, records, deps)
-            if not isinstance(decision, policy.Accept):
-                blocked[where] = (record.gpus, record.request.priority)
+            over = policy.owner_over_quota(record.request, in_use.get(owner, 0), deps.quotas)
+            decision: policy.Admission
+            if over is not None:
+                decision = policy.WaitForQuota(over)
+            elif deps.teams is not None and deps.holds is not None:
+                decision = await _admit_in_team(record.request, records, deps)
+                if not isinstance(decision, policy.Accept):
+                    blocked[where] = (record.gpus, record.request.priority)
+            else:
+                decision = policy.Accept(gpus=record.gpus)
             if isinstance(decision, policy.Accept):
                 admitted = await _quota_freed(record, revisions[record.job_id], deps)
                 if admitted is not None:
                     records[record.job_id] = admitted
-            elif isinstance(decision, policy.WaitForQuota | policy.Reject):
-                reason = (
-                    decision.reason
-                    if isinstance(decision, policy.WaitForQuota)
-                    else (decision.detail)
+                    in_use[owner] = in_use.get(owner, 0) + record.gpus
+                continue
+            reason = (
+                decision.reason if isinstance(decision, policy.WaitForQuota) else decision.detail
+            )
+            if reason != record.waiting_for:
+                updated = record.model_copy(
+                    update={"waiting_for": reason, "updated_at": deps.clock.now()}
                 )
-                if reason != record.waiting_for:
-                    updated = record.model_copy(
-                        update={"waiting_for": reason, "updated_at": deps.clock.now()}
-                    )
-                    with contextlib.suppress(StaleRevisionError):
-                        await deps.store.update(updated, revisions[record.job_id])
+                with contextlib.suppress(StaleRevisionError):
+                    await deps.store.update(updated, revisions[record.job_id])
+    if deps.teams is None or deps.holds is None:
+        return
     holds, _ = await deps.holds.read()
     teams = deps.teams.current()
     money = await _money(teams, deps)
@@ -548,8 +588,8 @@ async def _quota_freed(record: JobRecord, revision: Revision, deps: Deps) -> Job
             continue
         attempt = admitted.attempts[-1]
         queued = policy.queued_event(admitted, attempt, deps.clock.now())
-        await _publish(deps, queued, f"queued-{record.job_id}-{attempt.number}")
-        await _submit(admitted, attempt, deps)
+        key = f"queued-{record.job_id}-{attempt.number}"
+        await _publish(deps, queued, key if attempt.requeued == 0 else f"{key}-r{attempt.requeued}")
         log.info("job.quota_freed", owner=record.request.owner, team=record.team, gpus=record.gpus)
         return admitted
     return None
@@ -651,6 +691,7 @@ async def _publish(deps: Deps, data: EventData, key: str) -> None:
 SUBSCRIPTIONS: dict[type[EventData], HandlerWithDeps[Deps]] = {
     JobRequested: on_job_requested,
     JobCancelRequested: on_job_cancel_requested,
+    JobPlaced: on_job_placed,
     JobResumed: on_job_resumed,
     JobFailed: on_job_failed,
 }

@@ -29,6 +29,7 @@ from shared.events.data import (
     JobCancelled,
     JobFailed,
     JobInterrupted,
+    JobPlaced,
     JobProgress,
     JobQueued,
     JobRequested,
@@ -59,7 +60,10 @@ from shared.teams import TeamHold, TeamHolds, Teams, TeamSpec, TeamsStatus, quot
 class Quotas(Frozen):
     max_gpus_per_job: int = 8
     max_gpus_per_owner: int = 16
-    """GPUs one owner's active jobs may hold at once."""
+    """GPUs one owner's admitted jobs may hold at once; past it, a request waits."""
+    max_waiting_per_owner: int = 1000
+    """Jobs of one owner that may wait for their quota at once (room for a sweep of
+    1,000); past it, a request is refused with the numbers."""
 
 
 @dataclass(frozen=True)
@@ -107,9 +111,12 @@ def admit(
     owner_gpus_in_use: int,
     quotas: Quotas,
     now: datetime,
+    owner_waiting: int = 0,
 ) -> Admission:
-    """Accept a request within the quotas and with a deadline it can meet; otherwise say
-    which limit, and by how much."""
+    """Accept a request within the quotas and with a deadline it can meet. One past its
+    owner's GPU quota waits for it (queued, with the reason), up to the owner's queue
+    depth; one past that, or larger than any job may be, is refused with the numbers.
+    `owner_waiting`: the owner's jobs already waiting for quota."""
     if request.deadline is not None:
         refusal = deadline_refusal(
             now=now, deadline=request.deadline, estimate_s=request.estimate_s
@@ -122,13 +129,56 @@ def admit(
             RejectionReason.QUOTA_EXCEEDED,
             f"the job asks for {gpus} GPUs; the limit per job is {quotas.max_gpus_per_job}",
         )
-    if owner_gpus_in_use + gpus > quotas.max_gpus_per_owner:
+    if gpus > quotas.max_gpus_per_owner:
         return Reject(
             RejectionReason.QUOTA_EXCEEDED,
-            f"{request.owner} already holds {owner_gpus_in_use} GPUs; with this job's {gpus} "
-            f"that is {owner_gpus_in_use + gpus}, over the limit of {quotas.max_gpus_per_owner}",
+            f"the job asks for {gpus} GPUs; {request.owner} may hold "
+            f"{quotas.max_gpus_per_owner} at once",
         )
-    return Accept(gpus=gpus)
+    over = owner_over_quota(request, owner_gpus_in_use, quotas)
+    if over is None and owner_waiting == 0:
+        return Accept(gpus=gpus)
+    if owner_waiting >= quotas.max_waiting_per_owner:
+        return Reject(
+            RejectionReason.QUOTA_EXCEEDED,
+            f"{request.owner} already has {owner_waiting} jobs waiting for quota, the most "
+            f"one person may queue ({quotas.max_waiting_per_owner}); cancel some or wait",
+        )
+    # Behind the owner's jobs that wait already: first come, first served.
+    return WaitForQuota(over or f"{request.owner}'s earlier jobs wait for quota first")
+
+
+def owner_over_quota(request: JobRequested, in_use: int, quotas: Quotas) -> str | None:
+    """Why the request must wait for its owner's GPU quota, if it must."""
+    gpus = request.worker.gpus * request.num_workers
+    if in_use + gpus <= quotas.max_gpus_per_owner:
+        return None
+    return (
+        f"{request.owner} holds {in_use} GPUs; with this job's {gpus} that is "
+        f"{in_use + gpus}, over their quota of {quotas.max_gpus_per_owner}: it waits for "
+        "their running jobs to end"
+    )
+
+
+def owner_gpus_in_use(records: Iterable[JobRecord], owner: str) -> int:
+    """GPUs held by an owner's admitted, active jobs (a job waiting for quota holds none)."""
+    return sum(
+        record.gpus
+        for record in records
+        if record.is_active
+        and record.request.owner == owner
+        and record.attempts
+        and record.waiting_for is None
+    )
+
+
+def owner_waiting(records: Iterable[JobRecord], owner: str) -> int:
+    """An owner's active jobs waiting for quota."""
+    return sum(
+        1
+        for record in records
+        if record.is_active and record.request.owner == owner and record.waiting_for is not None
+    )
 
 
 def admit_in_team(  # the decision's inputs, each named
@@ -324,10 +374,24 @@ def quota_freed(record: JobRecord, now: datetime) -> JobRecord:
     """A waiting job given its quota, ready to submit: its first attempt, or the one it
     resumes with after it gave way."""
     current = record.current
-    if current is not None and current.state is AttemptState.SUBMITTED:
+    if current is not None and current.state is AttemptState.QUEUED:
         return record.model_copy(update={"waiting_for": None, "updated_at": now})
-    first = Attempt(number=1, submission_id=submission_id(record.job_id, 1), submitted_at=now)
-    return record.model_copy(update={"waiting_for": None, "attempts": (first,), "updated_at": now})
+    return record.model_copy(
+        update={
+            "waiting_for": None,
+            "attempts": (_first_attempt(record.job_id, now),),
+            "updated_at": now,
+        }
+    )
+
+
+def _first_attempt(job_id: str, now: datetime) -> Attempt:
+    return Attempt(
+        number=1,
+        submission_id=submission_id(job_id, 1),
+        submitted_at=now,
+        state=AttemptState.QUEUED,
+    )
 
 
 def unknown_secrets_detail(names: Iterable[str]) -> str:
@@ -370,12 +434,13 @@ def new_record(
                 "detail": decision.detail,
             }
         )
-    first = Attempt(number=1, submission_id=submission_id(request.job_id, 1), submitted_at=now)
-    return queued.model_copy(update={"attempts": (first,)})
+    return queued.model_copy(update={"attempts": (_first_attempt(request.job_id, now),)})
 
 
-def submission_id(job_id: str, attempt: int) -> str:
-    return f"{job_id}-{attempt}"
+def submission_id(job_id: str, attempt: int, requeued: int = 0) -> str:
+    """Ray's id of an attempt; one that went back to the queue gets a new one each time,
+    since Ray keeps the id of a job it failed."""
+    return f"{job_id}-{attempt}" if requeued == 0 else f"{job_id}-{attempt}-r{requeued}"
 
 
 def checkpoint_uri(checkpoint_root: str, job_id: str) -> str:
@@ -393,7 +458,57 @@ def queued_event(record: JobRecord, attempt: Attempt, now: datetime) -> JobQueue
         priority=request.priority,
         deadline=request.deadline,
         work_left_s=work_left_s(record, now) if request.deadline is not None else None,
+        avoid_nodes=lost_nodes(record),
+        requeued=attempt.requeued,
     )
+
+
+def lost_nodes(record: JobRecord) -> tuple[str, ...]:
+    """Nodes that went away under the job: its next attempts are placed elsewhere (Ray may
+    count one as alive for a while). One it left to give way is healthy, and may be the
+    very node its team's quota and the scaler keep for it: no avoiding that one."""
+    return tuple(
+        sorted(
+            {
+                node
+                for a in record.attempts
+                if a.state is AttemptState.LOST and a.cause not in GIVE_WAY
+                for node in a.nodes
+            }
+        )
+    )
+
+
+def placed(record: JobRecord, placement: JobPlaced, now: datetime) -> Transition:
+    """The scaler placed a queued attempt on named nodes: it is handed to Ray, pinned there.
+
+    Only the attempt and queueing it answers, while the job still wants it. A placement
+    that comes again with other nodes for an attempt Ray has not started (its first nodes
+    went) moves it there under a new Ray id; the caller stops the old one."""
+    attempt = record.current
+    if (
+        not record.is_active
+        or record.cancel_requested
+        or record.waiting_for is not None
+        or attempt is None
+        or attempt.number != placement.attempt
+        or attempt.requeued != placement.requeued
+    ):
+        return Transition(Reason.UNCHANGED, record)
+    update: dict[str, object] = {"placed_on": placement.nodes, "pool": placement.pool}
+    if attempt.state is AttemptState.QUEUED:
+        update["state"] = AttemptState.SUBMITTED
+        handed = attempt.model_copy(update=update)
+        return Transition(Reason.SUBMITTED, _with_attempt(record, handed, JobState.QUEUED, now))
+    if attempt.state is AttemptState.SUBMITTED and attempt.placed_on != placement.nodes:
+        again = attempt.requeued + 1
+        update |= {
+            "requeued": again,
+            "submission_id": submission_id(record.job_id, attempt.number, again),
+        }
+        moved = attempt.model_copy(update=update)
+        return Transition(Reason.REPLACED, _with_attempt(record, moved, JobState.QUEUED, now))
+    return Transition(Reason.UNCHANGED, record)
 
 
 def plan_submission(record: JobRecord, attempt: Attempt, *, checkpoint_uri: str) -> SubmissionPlan:
@@ -420,16 +535,13 @@ def plan_submission(record: JobRecord, attempt: Attempt, *, checkpoint_uri: str)
     if attempt.resumed_from:
         env["SPOTRAIN_RESUME_FROM"] = attempt.resumed_from
     metadata = {"job_id": request.job_id, "attempt": str(attempt.number), "owner": request.owner}
-    # Nodes that went away under the job. One it left to give way is healthy, and may be
-    # the very node its team's quota and the scaler keep for it: no avoiding that one.
-    lost = sorted(
-        {
-            node
-            for a in record.attempts
-            if a.state is AttemptState.LOST and a.cause not in GIVE_WAY
-            for node in a.nodes
-        }
-    )
+    selector: dict[str, str] = {}
+    if single_node and attempt.placed_on:
+        # The room the scaler holds for this attempt, and no other: Ray's own choice of a
+        # node would take room held for the next attempt in the platform's order.
+        selector = {NODE_LABEL: f"in({','.join(sorted(set(attempt.placed_on)))})"}
+    elif lost := lost_nodes(record):
+        selector = {NODE_LABEL: f"!in({','.join(lost)})"}
     if request.experiment:
         metadata["experiment"] = request.experiment
     return SubmissionPlan(
@@ -444,7 +556,7 @@ def plan_submission(record: JobRecord, attempt: Attempt, *, checkpoint_uri: str)
         entrypoint_num_gpus=request.worker.gpus if single_node else 0,
         entrypoint_memory_bytes=int(request.worker.memory_gb * 1024**3) if single_node else 0,
         entrypoint_resources={pin: RESOURCE_PER_JOB} if pin and single_node else {},
-        entrypoint_label_selector={NODE_LABEL: f"!in({','.join(lost)})"} if lost else {},
+        entrypoint_label_selector=selector,
         env_vars=env,
         pip=request.pip,
         metadata=metadata,
@@ -461,6 +573,12 @@ class Reason(StrEnum):
     CANCELLED = "cancelled"
     PROGRESSED = "progressed"
     PLACED = "placed"
+    SUBMITTED = "submitted"
+    """The scaler placed a queued attempt: it goes to Ray."""
+    REPLACED = "replaced"
+    """Placed again, elsewhere, before Ray started it: it goes to Ray anew."""
+    REQUEUED = "requeued"
+    """Ray could not start it where it was placed: back to the platform's queue."""
     RESUMED = "resumed"
     ABANDONED = "abandoned"
     SHORT_OF_WORKERS = "short-of-workers"
@@ -494,6 +612,46 @@ _NODE_LOSS_ERRORS = frozenset(
         "JOB_SUPERVISOR_ACTOR_START_FAILURE",
     }
 )
+
+
+_NEVER_STARTED_ERRORS = frozenset({"JOB_SUPERVISOR_ACTOR_START_TIMEOUT"})
+"""Ray could not start the attempt where it was placed (no room there after all, or the
+node went before it started): the platform's capacity failed, not the job. Not
+`JOB_SUPERVISOR_ACTOR_START_FAILURE`: Ray also says that of a supervisor that ran and
+went with its node, whose job may have written checkpoints since (a loss, resumed)."""
+
+
+def never_started(status: RayJobStatus, attempt: Attempt) -> bool:
+    """Whether Ray failed an attempt that never ran for want of room, so that it goes back
+    to the platform's queue: no `job.started`, no failure, no restart spent."""
+    return (
+        attempt.state is AttemptState.SUBMITTED
+        and status.state is RayJobState.FAILED
+        and status.error_type in _NEVER_STARTED_ERRORS
+    )
+
+
+def requeue(record: JobRecord, now: datetime) -> Transition:
+    """The current attempt, which Ray never started, back in the platform's queue under a
+    new Ray id, queued again as demand (the scaler places it anew)."""
+    attempt = record.current
+    if attempt is None or attempt.state is not AttemptState.SUBMITTED:
+        return Transition(Reason.UNCHANGED, record)
+    again = attempt.requeued + 1
+    queued_again = attempt.model_copy(
+        update={
+            "state": AttemptState.QUEUED,
+            "placed_on": (),
+            "pool": None,
+            "nodes": (),
+            "requeued": again,
+            "submission_id": submission_id(record.job_id, attempt.number, again),
+        }
+    )
+    moved = _with_attempt(record, queued_again, JobState.QUEUED, now)
+    queued = queued_event(moved, queued_again, now)
+    key = f"queued-{record.job_id}-{attempt.number}-r{again}"
+    return Transition(Reason.REQUEUED, moved, (Fact(key, queued),))
 
 
 def classify_failure(status: RayJobStatus, *, checkpoint_requested: bool) -> FailureKind:
@@ -562,6 +720,8 @@ def on_ray_status(
         case RayJobState.FAILED:
             if record.cancel_requested:
                 return _cancelled(record, attempt, now, status.message)
+            if never_started(status, attempt):
+                return requeue(record, now)
             return _failed(
                 record, attempt, status, now, checkpoint_requested=checkpoint_requested,
                 moving=moving,
@@ -822,6 +982,11 @@ def cancel(record: JobRecord, now: datetime) -> Transition:
         return Transition(Reason.UNCHANGED, record)
     flagged = record.model_copy(update={"cancel_requested": True, "updated_at": now})
     attempt = record.current
+    if attempt is not None and attempt.state is AttemptState.QUEUED:
+        # Nothing of it is in Ray: it ends here, and its demand goes with `job.cancelled`.
+        flagged = _with_attempt(
+            flagged, _ended(attempt, AttemptState.STOPPED, now, "cancelled"), flagged.state, now
+        )
     if attempt is None or attempt.state not in (AttemptState.SUBMITTED, AttemptState.RUNNING):
         ended = flagged.model_copy(update={"state": JobState.CANCELLED})
         cancelled = JobCancelled(job_id=record.job_id, attempt=attempt.number if attempt else None)
@@ -855,6 +1020,7 @@ def resume(record: JobRecord, resumed: JobResumed, now: datetime) -> Transition:
     following = Attempt(
         number=resumed.attempt,
         submission_id=submission_id(record.job_id, resumed.attempt),
+        state=AttemptState.QUEUED,
         submitted_at=now,
         capacity=resumed.capacity if resumed.capacity is not record.request.capacity else None,
         resumed_from=resumed.from_checkpoint,
@@ -921,6 +1087,21 @@ def give_way(
         update={"give_way": cause, "give_way_asked_at": now, "give_way_for": for_job}
     )
     return _with_attempt(record, asked, record.state, now)
+
+
+def gave_way_queued(
+    record: JobRecord, cause: InterruptionCause, for_job: str, now: datetime
+) -> Transition | None:
+    """A job asked to give way while its attempt waits in the platform's queue: nothing of
+    it runs, so it ends at once as that preemption (losing nothing) and goes on as any job
+    that gave way; None when its attempt is not queued."""
+    attempt = record.current
+    if not record.is_active or attempt is None or attempt.state is not AttemptState.QUEUED:
+        return None
+    asked = attempt.model_copy(
+        update={"give_way": cause, "give_way_asked_at": now, "give_way_for": for_job}
+    )
+    return _interrupted(record, asked, cause, now, _gave_way(asked))
 
 
 def past_max_hours(record: JobRecord, now: datetime) -> JobRecord | None:

@@ -32,6 +32,9 @@ class SubmitterSettings(RuntimeSettings):
     )
     max_gpus_per_job: int = Field(8, ge=0)
     max_gpus_per_owner: int = Field(16, ge=0)
+    """GPUs one person's admitted jobs may hold at once; more of theirs wait in the queue."""
+    max_waiting_per_owner: int = Field(1000, ge=0)
+    """Jobs one person may have waiting for their quota (room for a sweep of 1,000)."""
     teams_file: Path | None = Field(
         None,
         validation_alias=AliasChoices("SPOTRAIN_SUBMITTER_TEAMS_FILE", "SPOTRAIN_TEAMS_FILE"),

@@ -63,6 +63,7 @@ _MODELS: tuple[type[d.EventData], ...] = (
     d.JobAccepted,
     d.JobRejected,
     d.JobQueued,
+    d.JobPlaced,
     d.JobStarted,
     d.JobProgress,
     d.JobCheckpointed,

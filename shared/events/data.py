@@ -160,6 +160,30 @@ class JobQueued(EventData):
     """The job's deadline, if it has one: the scaler picks spot or on-demand to meet it."""
     work_left_s: Annotated[float, Field(ge=0)] | None = None
     """Run time the attempt still needs: at the job's reported pace, else its estimate."""
+    avoid_nodes: Annotated[tuple[Name, ...], Field(max_length=256)] = ()
+    """Nodes the attempt must not be placed on (they went away under the job before): the
+    room the scaler counts for it is room it can use."""
+    requeued: Annotated[int, Field(ge=0, le=10_000)] = 0
+    """How often this attempt went back to the queue for want of room (its placement
+    failed before it ran): each time a new demand, as a fresh queued attempt."""
+
+
+class JobPlaced(EventData):
+    """The scaler found room for a queued attempt on named nodes and holds it for that
+    attempt alone: the submitter hands it to Ray now, pinned to those nodes. Until then
+    nothing of the attempt is in Ray (the platform's queue, not Ray's, is where it waits)."""
+
+    aggregate = "job"
+    event = "placed"
+
+    job_id: JobId
+    attempt: Attempt
+    requeued: Annotated[int, Field(ge=0, le=10_000)] = 0
+    """The `job.queued` this placement answers (`JobQueued.requeued`)."""
+    nodes: Annotated[tuple[Name, ...], Field(min_length=1, max_length=256)]
+    """The node of each of its bundles, in the order of the demand's bundles."""
+    pool: Name | None = None
+    """The pool of the first bundle's node."""
 
 
 class JobStarted(EventData):

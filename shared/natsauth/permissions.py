@@ -24,6 +24,7 @@ from shared.events.data import (
     JobFailed,
     JobInterrupted,
     JobMoveRequested,
+    JobPlaced,
     JobProgress,
     JobQueued,
     JobRejected,
@@ -414,7 +415,14 @@ TABLE: tuple[RoleSpec, ...] = (
         Role.SCALER,
         "sizes the pools and announces the nodes it bills; the only publisher of pool events,"
         " the one writer of the pools bucket",
-        (PoolResizeRequested, PoolResized, PoolResizeFailed, NodeLaunched, NodeReleased),
+        (
+            JobPlaced,
+            PoolResizeRequested,
+            PoolResized,
+            PoolResizeFailed,
+            NodeLaunched,
+            NodeReleased,
+        ),
         WritesBucket(Bucket.POOLS),
         ReadsHistory(("job", "node")),  # for the cost-accrued metrics
     ),

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Collection
 from datetime import datetime
 
-from services.scaler.model import Demand, PoolSpec, StoppedNode
+from services.scaler.model import Demand, PoolSpec, StoppedNode, queueing
 from services.scaler.ports import ObservedNode, ProvidedNode, ProviderBusyError
 from shared.cost.node_ends import NodeEnd
 from shared.events.data import NodeEndSource
@@ -117,8 +117,14 @@ class InMemoryDemandStore:
 
     async def put(self, demand: Demand) -> None:
         stored = self.demands.get(demand.job_id)
-        if stored is None or stored.attempt <= demand.attempt:
+        if stored is None or queueing(stored) <= queueing(demand):
             self.demands[demand.job_id] = demand
+
+    async def place(self, demand: Demand, nodes: tuple[str, ...]) -> bool:
+        if self.demands.get(demand.job_id) != demand:
+            return False
+        self.demands[demand.job_id] = demand.model_copy(update={"placed_on": nodes})
+        return True
 
     async def remove(self, job_id: str, attempt: int) -> None:
         stored = self.demands.get(job_id)

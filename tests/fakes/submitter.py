@@ -6,11 +6,19 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from services.submitter.handlers import Deps
-from services.submitter.model import JobRecord, RayJobState, RayJobStatus, SubmissionPlan
+from services.submitter.handlers import Deps, on_job_placed
+from services.submitter.model import (
+    AttemptState,
+    JobRecord,
+    RayJobState,
+    RayJobStatus,
+    SubmissionPlan,
+)
 from services.submitter.policy import Quotas
 from services.submitter.ports import Revision, StaleRevisionError
 from shared.checkpoints import CheckpointRequest, ProgressReport, StopAsk
+from shared.events import new_event
+from shared.events.data import JobPlaced
 from shared.events.types import ObjectRef
 from shared.messaging.memory import InMemoryBus
 from shared.pools import OwnersSpend, PoolsStatus
@@ -194,3 +202,30 @@ def submitter_deps(tmp_path: Path, **fields: Any) -> Deps:
         "checkpoint_root": "file:///checkpoints",
     }
     return Deps(**(defaults | fields))
+
+
+async def place_queued(deps: Deps, node: str = "gpu-spot-1") -> list[str]:
+    """The scaler's part, for tests of the submitter alone: every attempt waiting in the
+    platform's queue (not for quota) is placed on `node`. Returns the jobs placed."""
+    placed = []
+    for record, _ in await deps.store.all():
+        attempt = record.current
+        if (
+            not record.is_active
+            or record.waiting_for is not None
+            or attempt is None
+            or attempt.state is not AttemptState.QUEUED
+        ):
+            continue
+        placement = JobPlaced(
+            job_id=record.job_id,
+            attempt=attempt.number,
+            requeued=attempt.requeued,
+            nodes=(node,),
+            pool=node.rsplit("-", 1)[0],
+        )
+        key = f"placed-{record.job_id}-{attempt.number}-{attempt.requeued}"
+        event = new_event(placement, source="scaler", time=deps.clock.now(), event_id=key)
+        await on_job_placed(event, deps)
+        placed.append(record.job_id)
+    return placed

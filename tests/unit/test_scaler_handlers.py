@@ -92,14 +92,18 @@ async def test_a_queued_job_grows_its_pool_by_one_node_and_only_once(
 ) -> None:
     await on_job_queued(queued("job-1"), deps)
     await reconcile(deps)
-    await reconcile(deps)  # the node is booting: nothing more to launch
+    await reconcile(deps)  # the node joined: the job is placed on it, nothing more launched
+    await reconcile(deps)  # its room is held for it: placed once
     assert list(cluster.launched) == ["gpu-spot-1"]
     kinds = [kind for kind, _ in published(deps)]
     assert kinds == [
         "spotrain.pool.resize_requested.v1",
         "spotrain.node.launched.v1",
         "spotrain.pool.resized.v1",
-    ], "one node, announced once for billing"
+        "spotrain.job.placed.v1",
+    ], "one node, announced once for billing; the job placed on it once"
+    placed = published(deps)[-1][1]
+    assert (placed.job_id, placed.attempt, placed.nodes) == ("job-1", 1, ("gpu-spot-1",))
     assert isinstance(deps.status, RecordingStatusBoard)
     assert deps.status.latest is not None
     [spot] = deps.status.latest.pools
@@ -359,3 +363,73 @@ async def test_a_single_node_attempt_drops_its_demand_at_start_before_any_pass(
     assert deps.demand.demands == {}
     await reconcile(deps)
     assert list(cluster.launched) == []
+
+
+async def test_a_placed_attempt_keeps_its_room_and_the_next_job_gets_a_node_of_its_own(
+    deps: Deps, cluster: FakeCluster
+) -> None:
+    """Ray has not started the first job yet (its node still looks empty): its room is
+    held, so the second is neither placed there nor left without a node."""
+    await on_job_queued(queued("job-1"), deps)
+    await reconcile(deps)
+    await reconcile(deps)
+    await on_job_queued(queued("job-2"), deps)
+    await reconcile(deps)
+    await reconcile(deps)
+    placements = {data.job_id: data.nodes for kind, data in published(deps) if "placed" in kind}
+    assert placements == {"job-1": ("gpu-spot-1",), "job-2": ("gpu-spot-2",)}
+
+
+async def test_an_attempt_is_never_placed_on_a_node_it_must_avoid(
+    deps: Deps, cluster: FakeCluster
+) -> None:
+    """The node its job lost is still in Ray's view, with room: the attempt gets another
+    node rather than waiting beside room it cannot use (issue 30's deadlock)."""
+    await on_job_queued(queued("job-0"), deps)
+    await reconcile(deps)
+    cluster.idle_s["gpu-spot-1"] = 0
+    data = JobQueued(
+        job_id="job-1",
+        attempt=2,
+        bundles=(Bundle(gpus=2),),
+        capacity=CapacityClass.SPOT,
+        priority=5,
+        avoid_nodes=("gpu-spot-1",),
+    )
+    await on_job_settled(
+        new_event(JobStarted(job_id="job-0", attempt=1, submission_id="x"), source="s", time=NOW),
+        deps,
+    )
+    await on_job_queued(new_event(data, source="submitter", time=NOW), deps)
+    await reconcile(deps)
+    await reconcile(deps)
+    placements = [data for kind, data in published(deps) if "placed" in kind]
+    # gpu-spot-1 is empty in Ray's view (the fake's nodes are): only the rule keeps it off.
+    assert [(p.job_id, p.nodes) for p in placements] == [("job-1", ("gpu-spot-2",))]
+
+
+async def test_an_attempt_placed_on_a_node_that_went_is_placed_again(
+    deps: Deps, cluster: FakeCluster
+) -> None:
+    await on_job_queued(queued("job-1"), deps)
+    await reconcile(deps)
+    await reconcile(deps)
+    await on_job_queued(queued("job-2"), deps)
+    await reconcile(deps)
+    await reconcile(deps)
+    del cluster.launched["gpu-spot-1"]  # preempted before Ray started job-1 there
+    await reconcile(deps)
+    await reconcile(deps)
+    placements = [(d.job_id, d.nodes) for kind, d in published(deps) if "placed" in kind]
+    assert placements[-1] == ("job-1", ("gpu-spot-3",))
+
+
+async def test_a_placement_of_a_demand_withdrawn_meanwhile_is_not_held(deps: Deps) -> None:
+    """Cancelled between the pass's read and its write: nothing is brought back."""
+    store = deps.demand
+    assert isinstance(store, InMemoryDemandStore)
+    await on_job_queued(queued("job-1"), deps)
+    [demand] = await store.all()
+    await store.remove("job-1", attempt=1)
+    assert not await store.place(demand, ("gpu-spot-1",))
+    assert await store.all() == []

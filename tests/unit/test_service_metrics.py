@@ -49,6 +49,7 @@ from shared.runtime.metrics import GaugeSpec, Snapshot
 from tests.events import NOW, job_requested
 from tests.fakes.clock import FixedClock
 from tests.fakes.scaler import FakeCluster, RecordingStatusBoard
+from tests.fakes.submitter import place_queued
 from tests.unit.test_checkpointer_handlers import deps as checkpointer_deps  # noqa: F401
 from tests.unit.test_cost_attribution import scenarios, window
 from tests.unit.test_cost_ledger import Story
@@ -273,6 +274,7 @@ async def test_a_tracking_pass_exports_jobs_by_state_and_each_running_jobs_progr
     deps = submitter_deps
     await on_job_requested(job_requested("job-m", experiment="exp-m", owner="ann"), deps)
     await on_job_requested(job_requested("job-q", owner="bob"), deps)
+    await place_queued(deps)
     ray(deps).set("job-m-1", RayJobState.RUNNING)
     await track_attempts(deps)  # job-m starts
     deps.progress.reports["file:///checkpoints/job-m"] = ProgressReport(
@@ -313,9 +315,11 @@ async def test_a_lost_attempt_counts_and_its_successor_running_gives_the_recover
     under_10s = value("spotrain_recovery_seconds_bucket", le="10.0")
     under_30s = value("spotrain_recovery_seconds_bucket", le="30.0")
     await on_job_requested(job_requested("job-r"), deps)
+    await place_queued(deps)
     ray(deps).set("job-r-1", RayJobState.RUNNING, node="gpu-spot-1", pool="gpu-spot")
     await track_attempts(deps)
     await on_job_resumed(resumed_event("job-r", 2), deps)
+    await place_queued(deps)
     assert value("spotrain_attempts_lost_total", cause="node-lost") == lost + 1
     deps.clock.advance(timedelta(seconds=20))
     ray(deps).set("job-r-2", RayJobState.RUNNING, node="gpu-spot-2", pool="gpu-spot")

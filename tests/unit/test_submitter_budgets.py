@@ -26,6 +26,7 @@ from tests.fakes.submitter import (
     FixedTeams,
     InMemoryJobStore,
     InMemoryTeamHolds,
+    place_queued,
     submitter_deps,
 )
 
@@ -123,6 +124,7 @@ async def test_running_jobs_reserve_their_worst_case_and_a_later_job_waits_for_t
     await on_job_requested(request("first", 2, max_hours=10), deps)  # $20 of the $60 left
     await on_job_requested(request("second", 2, max_hours=12), deps)  # $24: $44
     await on_job_requested(request("third", 2, max_hours=10), deps)  # $20 more: $64 > $60
+    await place_queued(deps)
     assert [kind for kind, _ in answers(deps, "third")] == ["accepted"]
     waiting = store(deps).records["third"][0].waiting_for
     assert waiting is not None
@@ -132,6 +134,7 @@ async def test_running_jobs_reserve_their_worst_case_and_a_later_job_waits_for_t
     ray.set("first-1", RayJobState.SUCCEEDED)
     await track_attempts(deps)
     await admit_waiting(deps)
+    await place_queued(deps)
     assert [kind for kind, _ in answers(deps, "third")] == ["accepted", "queued"]
 
 
@@ -149,6 +152,7 @@ async def test_a_job_without_max_hours_is_held_to_the_default_and_stopped_there(
     deps: Deps,
 ) -> None:
     await on_job_requested(request("open", 1, max_hours=None), deps)
+    await place_queued(deps)
     record = store(deps).records["open"][0]
     assert record.max_hours == 24
     assert holds(deps).holds.holds["open"].worst_case_usd == pytest.approx(24.0)

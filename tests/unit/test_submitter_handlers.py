@@ -12,8 +12,10 @@ import pytest
 
 from services.submitter.handlers import (
     Deps,
+    admit_waiting,
     on_job_cancel_requested,
     on_job_failed,
+    on_job_placed,
     on_job_requested,
     on_job_resumed,
     track_attempts,
@@ -32,7 +34,7 @@ from shared.events.data import (
 from shared.events.types import CapacityClass
 from shared.messaging import Unhandleable
 from shared.messaging.memory import InMemoryBus
-from tests.events import NOW, job_requested
+from tests.events import NOW, job_placed, job_requested
 from tests.fakes.clock import FixedClock
 from tests.fakes.submitter import FakeProgress, FakeRay, FakeWorkspaces, InMemoryJobStore
 
@@ -66,16 +68,104 @@ def ray(deps: Deps) -> FakeRay:
     return deps.ray
 
 
-async def test_a_request_is_accepted_queued_and_submitted_once_however_often_it_arrives(
+async def placed(deps: Deps, request: Any, node: str = "gpu-spot-1") -> None:
+    """Requested, then placed by the scaler on `node`: handed to Ray."""
+    await on_job_requested(request, deps)
+    await on_job_placed(job_placed(request.data.job_id, nodes=(node,)), deps)
+
+
+async def test_a_request_is_accepted_and_queued_once_and_nothing_reaches_ray_until_placed(
     deps: Deps,
 ) -> None:
     request = job_requested("job-7", experiment="resnet")
     await on_job_requested(request, deps)
     await on_job_requested(request, deps)
     assert types(deps) == ["accepted", "queued"]
+    assert ray(deps).submitted == [], "it waits in the platform's queue, not in Ray's"
+    await track_attempts(deps)
+    assert ray(deps).submitted == [], "a queued attempt is not repaired into Ray"
+    placement = job_placed("job-7", nodes=("gpu-spot-3",))
+    await on_job_placed(placement, deps)
+    await on_job_placed(placement, deps)
     [(plan, _)] = ray(deps).submitted
     assert plan.submission_id == "job-7-1"
     assert plan.env_vars["SPOTRAIN_CHECKPOINT_URI"] == "file:///checkpoints/job-7"
+    assert plan.entrypoint_label_selector == {"spotrain-node": "in(gpu-spot-3)"}
+    assert isinstance(deps.store, InMemoryJobStore)
+    [attempt] = deps.store.records["job-7"][0].attempts
+    assert (attempt.state.value, attempt.placed_on) == ("submitted", ("gpu-spot-3",))
+
+
+async def test_a_placement_for_another_attempt_or_queueing_hands_nothing_to_ray(
+    deps: Deps,
+) -> None:
+    await on_job_requested(job_requested("job-o"), deps)
+    await on_job_placed(job_placed("job-o", attempt=2), deps)
+    await on_job_placed(job_placed("job-o", requeued=1), deps)
+    assert ray(deps).submitted == []
+
+
+async def test_a_queued_job_cancelled_leaves_nothing_in_ray(deps: Deps) -> None:
+    await on_job_requested(job_requested("job-q"), deps)
+    cancel = new_event(
+        JobCancelRequested(job_id="job-q", requested_by="alice"), source="t", time=NOW
+    )
+    await on_job_cancel_requested(cancel, deps)
+    await on_job_placed(job_placed("job-q"), deps)  # a placement already on its way
+    assert types(deps)[-1] == "cancelled"
+    assert ray(deps).submitted == []
+    assert ray(deps).stopped == []
+
+
+async def test_ray_failing_to_start_a_placed_attempt_sends_it_back_to_the_queue(
+    deps: Deps,
+) -> None:
+    """Ray's supervisor timed out waiting for room: the platform's capacity failed, not
+    the job. Back in the queue under a new Ray id; no start, no failure, no restart."""
+    await placed(deps, job_requested("job-t"))
+    ray(deps).set(
+        "job-t-1",
+        RayJobState.FAILED,
+        error_type="JOB_SUPERVISOR_ACTOR_START_TIMEOUT",
+        message="Job supervisor actor failed to start within 900.0 seconds",
+    )
+    await track_attempts(deps)
+    assert types(deps) == ["accepted", "queued", "queued"]
+    requeued = published(deps)[-1][1]
+    assert (requeued.attempt, requeued.requeued) == (1, 1)
+    assert isinstance(deps.store, InMemoryJobStore)
+    record = deps.store.records["job-t"][0]
+    [attempt] = record.attempts
+    assert (record.state.value, attempt.state.value, attempt.placed_on) == ("queued", "queued", ())
+    await on_job_placed(job_placed("job-t", nodes=("gpu-spot-2",), requeued=1), deps)
+    assert [plan.submission_id for plan, _ in ray(deps).submitted] == ["job-t-1", "job-t-1-r1"]
+    ray(deps).set("job-t-1-r1", RayJobState.RUNNING, node="gpu-spot-2")
+    ray(deps).set("job-t-1-r1", RayJobState.SUCCEEDED)
+    await track_attempts(deps)
+    assert types(deps)[-2:] == ["started", "succeeded"]
+
+
+async def test_a_placement_elsewhere_before_ray_started_the_attempt_moves_it(
+    deps: Deps,
+) -> None:
+    """Its first node went before Ray started it; the scaler placed it again."""
+    await placed(deps, job_requested("job-m"), "gpu-spot-1")
+    await on_job_placed(job_placed("job-m", nodes=("gpu-spot-4",)), deps)
+    assert ray(deps).stopped == ["job-m-1"]
+    assert [plan.submission_id for plan, _ in ray(deps).submitted] == ["job-m-1", "job-m-1-r1"]
+    assert ray(deps).submitted[-1][0].entrypoint_label_selector == {
+        "spotrain-node": "in(gpu-spot-4)"
+    }
+
+
+async def test_a_placement_elsewhere_of_an_attempt_ray_already_runs_changes_nothing(
+    deps: Deps,
+) -> None:
+    await placed(deps, job_requested("job-k"), "gpu-spot-1")
+    ray(deps).set("job-k-1", RayJobState.RUNNING, node="gpu-spot-1")
+    await on_job_placed(job_placed("job-k", nodes=("gpu-spot-4",)), deps)
+    assert ray(deps).stopped == []
+    assert len(ray(deps).submitted) == 1
 
 
 async def test_a_request_over_quota_is_rejected_with_the_reason(deps: Deps) -> None:
@@ -114,19 +204,50 @@ async def test_a_deadline_job_is_queued_with_its_deadline_and_the_work_it_needs(
     assert queued.work_left_s == 6 * 3600
 
 
-async def test_an_owners_running_jobs_count_against_the_next_request(deps: Deps) -> None:
-    await on_job_requested(job_requested("job-a", worker={"gpus": 3}), deps)
+async def test_a_request_past_its_owners_quota_waits_and_is_queued_once_it_frees(
+    deps: Deps,
+) -> None:
+    await placed(deps, job_requested("job-a", worker={"gpus": 3}))
     await on_job_requested(job_requested("job-b", worker={"gpus": 2}), deps)
-    assert types(deps) == ["accepted", "queued", "rejected"]
+    assert types(deps) == ["accepted", "queued", "accepted"], "accepted, not queued yet"
+    assert isinstance(deps.store, InMemoryJobStore)
+    waiting = deps.store.records["job-b"][0]
+    assert waiting.waiting_for == (
+        "alice holds 3 GPUs; with this job's 2 that is 5, over their quota of 4: it waits "
+        "for their running jobs to end"
+    )
+    await admit_waiting(deps)
+    assert types(deps)[-1] == "accepted", "still over the quota"
+    ray(deps).set("job-a-1", RayJobState.SUCCEEDED)
+    await track_attempts(deps)
+    await admit_waiting(deps)
+    assert types(deps)[-1] == "queued"
+    assert deps.store.records["job-b"][0].waiting_for is None
+
+
+async def test_an_owner_past_their_queue_depth_is_refused_with_the_numbers(deps: Deps) -> None:
+    deps = replace(
+        deps, quotas=Quotas(max_gpus_per_job=4, max_gpus_per_owner=1, max_waiting_per_owner=2)
+    )
+    for n in range(4):
+        await on_job_requested(job_requested(f"job-{n}", worker={"gpus": 1}), deps)
+    assert types(deps) == ["accepted", "queued", "accepted", "accepted", "rejected"]
+    rejected = published(deps)[-1][1]
+    assert rejected.reason is RejectionReason.QUOTA_EXCEEDED
+    assert rejected.detail == (
+        "alice already has 2 jobs waiting for quota, the most one person may queue (2); "
+        "cancel some or wait"
+    )
 
 
 async def test_two_requests_of_one_owner_at_once_cannot_both_pass_the_quota(deps: Deps) -> None:
-    """Each asks for 3 of the owner's 4 GPUs: handled concurrently, only one may start."""
+    """Each asks for 3 of the owner's 4 GPUs: handled concurrently, only one is queued for
+    room; the other waits for the quota."""
     await asyncio.gather(
         on_job_requested(job_requested("job-p", worker={"gpus": 3}), deps),
         on_job_requested(job_requested("job-q", worker={"gpus": 3}), deps),
     )
-    assert sorted(types(deps)) == ["accepted", "queued", "rejected"]
+    assert sorted(types(deps)) == ["accepted", "accepted", "queued"]
 
 
 async def test_a_job_id_reused_by_another_request_is_unhandleable(deps: Deps) -> None:
@@ -136,7 +257,7 @@ async def test_a_job_id_reused_by_another_request_is_unhandleable(deps: Deps) ->
 
 
 async def test_the_tracker_follows_an_attempt_to_success(deps: Deps) -> None:
-    await on_job_requested(job_requested("job-ok"), deps)
+    await placed(deps, job_requested("job-ok"))
     await track_attempts(deps)
     ray(deps).set("job-ok-1", RayJobState.RUNNING)
     await track_attempts(deps)
@@ -150,8 +271,8 @@ async def test_the_tracker_follows_an_attempt_to_success(deps: Deps) -> None:
 
 
 async def test_a_script_error_fails_the_job_and_a_lost_node_interrupts_it(deps: Deps) -> None:
-    await on_job_requested(job_requested("job-bug"), deps)
-    await on_job_requested(job_requested("job-lost", owner="bob"), deps)
+    await placed(deps, job_requested("job-bug"))
+    await placed(deps, job_requested("job-lost", owner="bob"))
     ray(deps).set(
         "job-bug-1",
         RayJobState.FAILED,
@@ -172,7 +293,7 @@ async def test_a_script_error_fails_the_job_and_a_lost_node_interrupts_it(deps: 
 
 
 async def test_a_restarted_submitter_submits_an_attempt_ray_never_heard_of(deps: Deps) -> None:
-    await on_job_requested(job_requested("job-crash"), deps)
+    await placed(deps, job_requested("job-crash"))
     ray(deps).statuses.clear()  # as if the process died between the record and Ray
     ray(deps).submitted.clear()
     await track_attempts(deps)
@@ -180,7 +301,7 @@ async def test_a_restarted_submitter_submits_an_attempt_ray_never_heard_of(deps:
 
 
 async def test_cancel_stops_the_running_attempt_and_ends_the_job(deps: Deps) -> None:
-    await on_job_requested(job_requested("job-c"), deps)
+    await placed(deps, job_requested("job-c"))
     ray(deps).set("job-c-1", RayJobState.RUNNING)
     await track_attempts(deps)
     cancel = new_event(
@@ -196,7 +317,7 @@ async def test_cancel_stops_the_running_attempt_and_ends_the_job(deps: Deps) -> 
 
 async def test_a_job_is_its_owners_to_cancel(deps: Deps) -> None:
     """Bob's request to cancel alice's job is refused, and the job runs on untouched."""
-    await on_job_requested(job_requested("job-a"), deps)
+    await placed(deps, job_requested("job-a"))
     ray(deps).set("job-a-1", RayJobState.RUNNING)
     await track_attempts(deps)
     cancel = new_event(JobCancelRequested(job_id="job-a", requested_by="bob"), source="t", time=NOW)
@@ -218,7 +339,7 @@ async def test_cancelling_an_unknown_job_is_unhandleable(deps: Deps) -> None:
 
 
 async def test_training_progress_is_published_once_per_step(deps: Deps) -> None:
-    await on_job_requested(job_requested("job-p"), deps)
+    await placed(deps, job_requested("job-p"))
     ray(deps).set("job-p-1", RayJobState.RUNNING)
     assert isinstance(deps.progress, FakeProgress)
     uri = "file:///checkpoints/job-p"
@@ -241,7 +362,7 @@ async def test_training_progress_is_published_once_per_step(deps: Deps) -> None:
 async def test_the_last_report_of_a_run_that_ended_between_passes_comes_before_its_end(
     deps: Deps,
 ) -> None:
-    await on_job_requested(job_requested("job-e"), deps)
+    await placed(deps, job_requested("job-e"))
     ray(deps).set("job-e-1", RayJobState.RUNNING)
     await track_attempts(deps)
     assert isinstance(deps.progress, FakeProgress)
@@ -258,7 +379,7 @@ async def test_an_elastic_attempt_says_which_nodes_hold_its_workers_when_its_gro
     deps: Deps,
 ) -> None:
     deps = replace(deps, quotas=Quotas(max_gpus_per_job=8, max_gpus_per_owner=8))
-    await on_job_requested(job_requested("job-w", num_workers=2, max_workers=4), deps)
+    await placed(deps, job_requested("job-w", num_workers=2, max_workers=4))
     ray(deps).set("job-w-1", RayJobState.RUNNING)
     assert isinstance(deps.progress, FakeProgress)
     uri = "file:///checkpoints/job-w"
@@ -293,7 +414,7 @@ async def test_an_elastic_attempt_that_cannot_get_its_min_workers_goes_on_as_a_n
     )
     clock = deps.clock
     assert isinstance(clock, FixedClock)
-    await on_job_requested(job_requested("job-s", num_workers=2, max_workers=4), deps)
+    await placed(deps, job_requested("job-s", num_workers=2, max_workers=4))
     ray(deps).set("job-s-1", RayJobState.RUNNING)
     ray(deps).workers["job-s-1"] = ("a", "b")
     assert isinstance(deps.progress, FakeProgress)
@@ -327,7 +448,7 @@ def resumed_event(job_id: str, attempt: int, **fields: Any) -> Any:
 
 
 async def running(deps: Deps, job_id: str, node: str = "gpu-spot-1") -> None:
-    await on_job_requested(job_requested(job_id), deps)
+    await placed(deps, job_requested(job_id), node)
     ray(deps).set(f"{job_id}-1", RayJobState.RUNNING, node=node, pool="gpu-spot")
     await track_attempts(deps)
 
@@ -370,15 +491,19 @@ async def test_a_resume_stops_the_lost_attempt_and_submits_the_next_from_its_che
     await on_job_resumed(resumed, deps)  # a repeat changes nothing
 
     assert ray(deps).stopped == ["job-r-1"]
+    after = published(deps)[-2:]
+    assert [kind for kind, _ in after] == ["interrupted", "queued"]
+    queued = after[1][1]
+    assert (queued.attempt, queued.capacity) == (2, CapacityClass.ON_DEMAND)
+    assert queued.avoid_nodes == ("gpu-spot-1",), "the scaler places it off the lost node"
+    assert [plan.submission_id for plan, _ in ray(deps).submitted] == ["job-r-1"]
+    await on_job_placed(job_placed("job-r", attempt=2, nodes=("gpu-on-demand-1",)), deps)
     assert [plan.submission_id for plan, _ in ray(deps).submitted] == ["job-r-1", "job-r-2"]
     plan = ray(deps).submitted[-1][0]
     assert plan.env_vars["SPOTRAIN_RESUME_FROM"] == "file:///checkpoints/job-r/step-000000000040"
     assert plan.env_vars["SPOTRAIN_ATTEMPT"] == "2"
     assert plan.entrypoint_resources == {"spotrain-capacity-on-demand": 0.001}
-    assert plan.entrypoint_label_selector == {"spotrain-node": "!in(gpu-spot-1)"}
-    after = published(deps)[-2:]
-    assert [kind for kind, _ in after] == ["interrupted", "queued"]
-    assert (after[1][1].attempt, after[1][1].capacity) == (2, CapacityClass.ON_DEMAND)
+    assert plan.entrypoint_label_selector == {"spotrain-node": "in(gpu-on-demand-1)"}
 
 
 async def test_a_resume_of_an_attempt_that_is_not_the_current_one_is_ignored(deps: Deps) -> None:
@@ -402,7 +527,7 @@ async def test_a_request_replayed_after_its_job_ran_publishes_and_submits_nothin
     deps: Deps,
 ) -> None:
     request = job_requested("job-old")
-    await on_job_requested(request, deps)
+    await placed(deps, request)
     ray(deps).set("job-old-1", RayJobState.SUCCEEDED)
     await track_attempts(deps)
     before = types(deps)

@@ -19,13 +19,16 @@ from services.submitter.model import (
     RayJobState,
     RayJobStatus,
 )
-from services.submitter.policy import Accept, Quotas, Reason, Reject
+from services.submitter.policy import Accept, Quotas, Reason, Reject, WaitForQuota
 from shared.checkpoints import ProgressReport
 from shared.events.data import (
     InterruptionCause,
     JobInterrupted,
+    JobPlaced,
+    JobQueued,
     JobRequested,
     JobResized,
+    JobStarted,
     RejectionReason,
     ResizeReason,
 )
@@ -52,7 +55,8 @@ def request(gpus: int = 1, workers: int = 1, **fields: object) -> JobRequested:
         pytest.param(2, 1, 0, Accept(gpus=2), id="small-job-fits"),
         pytest.param(4, 2, 4, Accept(gpus=8), id="at-the-per-job-limit"),
         pytest.param(4, 3, 0, RejectionReason.QUOTA_EXCEEDED, id="over-the-per-job-limit"),
-        pytest.param(4, 1, 10, RejectionReason.QUOTA_EXCEEDED, id="owner-over-concurrent-limit"),
+        pytest.param(4, 1, 10, WaitForQuota, id="owner-over-concurrent-limit-waits"),
+        pytest.param(4, 4, 0, RejectionReason.QUOTA_EXCEEDED, id="larger-than-an-owner-may-hold"),
         pytest.param(0, 4, 12, Accept(gpus=0), id="cpu-jobs-hold-no-gpus"),
     ],
 )
@@ -62,17 +66,56 @@ def test_admission_within_quotas(gpus: int, workers: int, in_use: int, expected:
     )
     if isinstance(expected, Accept):
         assert decision == expected
+    elif expected is WaitForQuota:
+        assert isinstance(decision, WaitForQuota)
     else:
         assert isinstance(decision, Reject)
         assert decision.reason is expected
 
 
-def test_a_rejection_says_which_limit_and_by_how_much() -> None:
+def test_a_wait_for_the_owners_quota_says_by_how_much() -> None:
     decision = policy.admit(request(4), owner_gpus_in_use=10, quotas=QUOTAS, now=NOW)
-    assert decision == Reject(
-        RejectionReason.QUOTA_EXCEEDED,
-        "alice already holds 10 GPUs; with this job's 4 that is 14, over the limit of 12",
+    assert decision == WaitForQuota(
+        "alice holds 10 GPUs; with this job's 4 that is 14, over their quota of 12: it waits "
+        "for their running jobs to end"
     )
+
+
+@pytest.mark.parametrize(
+    ("in_use", "waiting", "expected"),
+    [
+        pytest.param(0, 0, Accept, id="room-and-nobody-waits"),
+        pytest.param(0, 1, WaitForQuota, id="room-but-earlier-jobs-wait-first"),
+        pytest.param(12, 999, WaitForQuota, id="the-last-place-in-the-queue"),
+        pytest.param(12, 1000, Reject, id="past-the-queue-depth"),
+        pytest.param(0, 1000, Reject, id="past-the-queue-depth-though-room"),
+    ],
+)
+def test_a_sweep_waits_for_its_owners_quota_up_to_the_queue_depth(
+    in_use: int, waiting: int, expected: type
+) -> None:
+    quotas = Quotas(max_gpus_per_job=8, max_gpus_per_owner=12, max_waiting_per_owner=1000)
+    decision = policy.admit(
+        request(1), owner_gpus_in_use=in_use, owner_waiting=waiting, quotas=quotas, now=NOW
+    )
+    assert isinstance(decision, expected)
+
+
+@given(
+    gpus=st.integers(0, 16),
+    in_use=st.integers(0, 40),
+    waiting=st.integers(0, 40),
+    depth=st.integers(0, 40),
+)
+def test_an_owners_queue_never_grows_past_its_depth(
+    gpus: int, in_use: int, waiting: int, depth: int
+) -> None:
+    quotas = Quotas(max_gpus_per_job=16, max_gpus_per_owner=16, max_waiting_per_owner=depth)
+    decision = policy.admit(
+        request(gpus), owner_gpus_in_use=in_use, owner_waiting=waiting, quotas=quotas, now=NOW
+    )
+    if isinstance(decision, WaitForQuota):
+        assert waiting < depth
 
 
 @given(gpus=st.integers(0, 16), workers=st.integers(1, 8), in_use=st.integers(0, 40))
@@ -121,9 +164,80 @@ def test_a_deadline_that_cannot_be_met_is_refused_with_the_arithmetic(
         assert decision == Reject(RejectionReason.DEADLINE_UNREACHABLE, expected)
 
 
-def queued_record(req: JobRequested | None = None) -> JobRecord:
+def waiting_record(req: JobRequested | None = None) -> JobRecord:
+    """Accepted, its first attempt in the platform's queue."""
     req = req or request(2)
     return policy.new_record(req, "event-1", Accept(gpus=2), NOW, checkpoint_uri="file:///c/job-1")
+
+
+def queued_record(req: JobRequested | None = None, nodes: tuple[str, ...] = ("n1",)) -> JobRecord:
+    """Accepted and placed on `nodes`: handed to Ray, which has not started it yet."""
+    record = waiting_record(req)
+    placement = JobPlaced(job_id=record.job_id, attempt=1, nodes=nodes, pool="gpu-spot")
+    return policy.placed(record, placement, NOW).record
+
+
+def test_a_new_job_waits_in_the_platforms_queue_until_placed() -> None:
+    record = waiting_record()
+    [attempt] = record.attempts
+    assert attempt.state is AttemptState.QUEUED
+    transition = policy.on_ray_status(record, None, NOW)
+    assert transition.reason is Reason.UNCHANGED, "a queued attempt is not Ray's to repair"
+
+
+@pytest.mark.parametrize(
+    ("attempt", "requeued", "cancelled", "expected"),
+    [
+        pytest.param(1, 0, False, Reason.SUBMITTED, id="its-attempt"),
+        pytest.param(2, 0, False, Reason.UNCHANGED, id="another-attempt"),
+        pytest.param(1, 1, False, Reason.UNCHANGED, id="an-older-queueing"),
+        pytest.param(1, 0, True, Reason.UNCHANGED, id="cancel-requested"),
+    ],
+)
+def test_a_placement_hands_to_ray_only_the_attempt_it_answers(
+    attempt: int, requeued: int, cancelled: bool, expected: Reason
+) -> None:
+    record = waiting_record().model_copy(update={"cancel_requested": cancelled})
+    placement = JobPlaced(
+        job_id="job-1", attempt=attempt, requeued=requeued, nodes=("n2",), pool="gpu-spot"
+    )
+    assert policy.placed(record, placement, NOW).reason is expected
+
+
+def test_a_placed_single_node_attempt_is_pinned_to_its_node() -> None:
+    record = queued_record(request(1), nodes=("gpu-spot-7",))
+    plan = policy.plan_submission(record, record.attempts[0], checkpoint_uri="file:///c")
+    assert plan.entrypoint_label_selector == {"spotrain-node": "in(gpu-spot-7)"}
+
+
+@pytest.mark.parametrize(
+    ("error_type", "expected"),
+    [
+        pytest.param("JOB_SUPERVISOR_ACTOR_START_TIMEOUT", Reason.REQUEUED, id="start-timeout"),
+        pytest.param("JOB_SUPERVISOR_ACTOR_START_FAILURE", Reason.NODE_LOST, id="start-failure"),
+        pytest.param("JOB_ENTRYPOINT_COMMAND_ERROR", Reason.USER_ERROR, id="its-own-error"),
+        pytest.param("JOB_SUPERVISOR_ACTOR_DIED", Reason.NODE_LOST, id="node-died"),
+    ],
+)
+def test_an_attempt_ray_never_started_for_want_of_room_goes_back_to_the_queue(
+    error_type: str, expected: Reason
+) -> None:
+    record = queued_record()
+    failed = status(RayJobState.FAILED, error_type=error_type, message="m")
+    transition = policy.on_ray_status(record, failed, NOW)
+    assert transition.reason is expected
+    if expected is Reason.REQUEUED:
+        [attempt] = transition.record.attempts
+        assert (attempt.state, attempt.requeued, attempt.submission_id) == (
+            AttemptState.QUEUED,
+            1,
+            "job-1-1-r1",
+        )
+        assert transition.record.state is JobState.QUEUED
+        [fact] = transition.facts
+        assert isinstance(fact.data, JobQueued)
+        assert (fact.data.attempt, fact.data.requeued) == (1, 1)
+        assert not any(isinstance(f.data, JobStarted) for f in transition.facts)
 
 
 def test_a_submission_quotes_the_command_and_carries_the_training_contract() -> None:

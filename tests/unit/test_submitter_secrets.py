@@ -18,6 +18,7 @@ from tests.fakes.submitter import (
     FakeRay,
     FixedSecrets,
     InMemoryJobStore,
+    place_queued,
     submitter_deps,
 )
 
@@ -32,6 +33,7 @@ def deps(tmp_path: Path) -> Deps:
 async def test_the_attempt_gets_the_secret_and_nothing_else_sees_its_value(deps: Deps) -> None:
     with structlog.testing.capture_logs() as logs:
         await on_job_requested(job_requested("j-1", secrets={"HF_TOKEN": "hf-token"}), deps)
+        await place_queued(deps)
     ray = deps.ray
     assert isinstance(ray, FakeRay)
     [(plan, _)] = ray.submitted

@@ -40,6 +40,7 @@ from tests.fakes.submitter import (
     FixedTeams,
     InMemoryJobStore,
     InMemoryTeamHolds,
+    place_queued,
     submitter_deps,
 )
 
@@ -112,6 +113,7 @@ async def test_over_quota_waits_with_the_reason_and_runs_when_quota_frees(deps: 
     await on_job_requested(job_requested("j-1", **gpus(4)), deps)
     await on_job_requested(job_requested("j-2", **gpus(2, owner="bob")), deps)  # borrows
     await on_job_requested(job_requested("j-3", **gpus(2, owner="bob")), deps)
+    await place_queued(deps)
     assert of(deps, "j-1") == ["accepted", "queued"]
     assert of(deps, "j-2") == ["accepted", "queued"]
     assert of(deps, "j-3") == ["accepted"], "accepted, but no demand until it has quota"
@@ -128,6 +130,7 @@ async def test_over_quota_waits_with_the_reason_and_runs_when_quota_frees(deps: 
     assert not holds(deps).holds.holds["j-1"].borrowed
 
     await admit_waiting(deps)
+    await place_queued(deps)
     assert of(deps, "j-3") == ["accepted"], "nothing freed yet"
     status = holds(deps).status
     assert status is not None
@@ -137,6 +140,7 @@ async def test_over_quota_waits_with_the_reason_and_runs_when_quota_frees(deps: 
     await track_attempts(deps)
     assert "j-1" not in holds(deps).holds.holds, "an ended job gives its GPUs back"
     await admit_waiting(deps)
+    await place_queued(deps)
     assert of(deps, "j-3") == ["accepted", "queued"]
     assert store(deps).records["j-3"][0].waiting_for is None
     assert ray_of(deps).submitted[-1][0].submission_id == "j-3-1"
@@ -240,6 +244,7 @@ def clock(deps: Deps) -> FixedClock:
 async def running(deps: Deps, job_id: str, **fields: Any) -> None:
     """Submit a job and let Ray start it, then let it run past the minimum runtime."""
     await on_job_requested(job_requested(job_id, **fields), deps)
+    await place_queued(deps)
     ray_of(deps).set(f"{job_id}-1", RayJobState.RUNNING, node="local-spot-0")
     await track_attempts(deps)
     assert store(deps).records[job_id][0].state.value == "running"
@@ -255,6 +260,7 @@ async def test_a_higher_priority_job_makes_a_lower_one_checkpoint_and_give_way(
     await running(deps, "low", **gpus(4, priority=2))
     clock(deps).advance(timedelta(seconds=deps.min_runtime_before_preemption_s + 1))
     await on_job_requested(job_requested("high", **gpus(4, owner="bob", priority=9)), deps)
+    await place_queued(deps)
     assert of(deps, "high") == ["accepted", "queued"], "admitted on the room low gives"
     assert set(holds(deps).holds.holds) == {"high"}
     asked = store(deps).records["low"][0].current
@@ -275,6 +281,7 @@ async def test_a_higher_priority_job_makes_a_lower_one_checkpoint_and_give_way(
         from_step=40, capacity=CapacityClass.SPOT,
     )  # fmt: skip
     await on_job_resumed(new_event(resumed, source="tests", time=NOW), deps)
+    await place_queued(deps)
     record = store(deps).records["low"][0]
     assert record.waiting_for is not None
     assert record.waiting_for.startswith("gave way to high: a higher priority job")
@@ -285,16 +292,23 @@ async def test_a_higher_priority_job_makes_a_lower_one_checkpoint_and_give_way(
     ray_of(deps).set("high-1", RayJobState.SUCCEEDED)
     await track_attempts(deps)
     await admit_waiting(deps)
+    await place_queued(deps)
     plan = ray_of(deps).submitted[-1][0]
     assert plan.submission_id == "low-2"
     assert plan.env_vars["SPOTRAIN_RESUME_FROM"] == "file:///checkpoints/low/step-40"
-    assert plan.entrypoint_label_selector == {}, "the node it left is healthy: no avoiding it"
+    # Placed back on the node it left: that node is healthy, and not one to avoid.
+    assert plan.entrypoint_label_selector == {"spotrain-node": "in(gpu-spot-1)"}
+    [requeued] = [
+        d for kind, d in published(deps) if kind == "queued" and (d.job_id, d.attempt) == ("low", 2)
+    ]
+    assert requeued.avoid_nodes == ()
     assert of(deps, "low")[-1] == "queued"
 
 
 async def test_a_job_within_its_minimum_runtime_is_not_asked_yet(deps: Deps) -> None:
     await running(deps, "low", **gpus(4, priority=2))
     await on_job_requested(job_requested("high", **gpus(4, owner="bob", priority=9)), deps)
+    await place_queued(deps)
     assert of(deps, "high") == ["accepted"]
     current = store(deps).records["low"][0].current
     assert current is not None
@@ -305,6 +319,7 @@ async def test_one_that_does_not_stop_within_the_grace_is_stopped_by_ray(deps: D
     await running(deps, "low", **gpus(4, priority=2))
     clock(deps).advance(timedelta(seconds=deps.min_runtime_before_preemption_s + 1))
     await on_job_requested(job_requested("high", **gpus(4, owner="bob", priority=9)), deps)
+    await place_queued(deps)
     await track_attempts(deps)
     assert "low-1" not in ray_of(deps).stopped, "within the grace: it may still checkpoint"
     clock(deps).advance(timedelta(seconds=deps.give_way_grace_s))
@@ -321,6 +336,7 @@ async def test_the_lender_takes_back_what_another_team_borrowed(deps: Deps) -> N
     await running(deps, "v-2", **gpus(2, owner="bob"))  # borrowed from nlp's idle quota
     clock(deps).advance(timedelta(seconds=deps.min_runtime_before_preemption_s + 1))
     await on_job_requested(job_requested("c-1", **gpus(4, owner="carol")), deps)
+    await place_queued(deps)
     assert of(deps, "c-1") == ["accepted", "queued"]
     asked = store(deps).records["v-2"][0].current
     assert asked is not None
@@ -365,10 +381,12 @@ async def test_a_reason_written_by_another_replica_does_not_lose_the_quota(
     )
     await on_job_requested(job_requested("j-1", **gpus(6)), deps)
     await on_job_requested(job_requested("j-2", **gpus(2, owner="bob")), deps)
+    await place_queued(deps)
     ray_of(deps).set("j-1-1", RayJobState.SUCCEEDED)
     await track_attempts(deps)
     racing.armed = True
     await admit_waiting(deps)
+    await place_queued(deps)
     assert not racing.armed, "the other replica did write first"
     record = racing.records["j-2"][0]
     assert record.waiting_for is None

@@ -10,7 +10,7 @@ from nats.js import JetStreamContext
 from nats.js.api import KeyValueConfig, StorageType
 from nats.js.kv import KeyValue
 
-from services.scaler.model import Demand
+from services.scaler.model import Demand, queueing
 from shared.messaging.kv import latest_entries
 from shared.pool_knowledge import KNOWLEDGE_KEY, PoolsKnowledge
 from shared.pools import (
@@ -38,9 +38,20 @@ class KvDemandStore:
 
     async def put(self, demand: Demand) -> None:
         stored = await self._get(demand.job_id)
-        if stored is not None and stored[0].attempt > demand.attempt:
+        if stored is not None and queueing(stored[0]) > queueing(demand):
             return
         await self._kv.put(_key(demand.job_id), demand.model_dump_json().encode())
+
+    async def place(self, demand: Demand, nodes: tuple[str, ...]) -> bool:
+        stored = await self._get(demand.job_id)
+        if stored is None or stored[0] != demand:
+            return False
+        placed = demand.model_copy(update={"placed_on": nodes})
+        try:
+            await self._kv.update(_key(demand.job_id), placed.model_dump_json().encode(), stored[1])
+        except nats.js.errors.KeyWrongLastSequenceError:
+            return False
+        return True
 
     async def remove(self, job_id: str, attempt: int) -> None:
         stored = await self._get(job_id)

@@ -17,6 +17,7 @@ from services.scaler.model import (
     Demand,
     NodeView,
     ObservedNode,
+    Placement,
     PoolPlan,
     PoolSpec,
     ProvidedNode,
@@ -25,7 +26,7 @@ from services.scaler.model import (
     ScalePlan,
     ScalerConfig,
 )
-from shared.deadline import Run, SpotOutlook, queued_decision
+from shared.deadline import RESERVE_SHARE, Run, SpotOutlook, queued_decision
 from shared.events.types import Bundle, CapacityClass
 from shared.pool_knowledge import PoolRecord
 from shared.pools import PoolsStatus, PoolStatus
@@ -185,6 +186,10 @@ class _Slot:
     gpu_type: str | None
     used: bool = False
     """Some pending bundle was placed here: the node is needed, however long it was idle."""
+    node: str | None = None
+    """The node's name; None for a node this decision would launch."""
+    ready: bool = False
+    """In Ray and not draining: an attempt placed here can be handed to Ray now."""
 
     def holds(self, bundle: Bundle) -> bool:
         if bundle.gpus > 0 and bundle.gpu_type is not None and bundle.gpu_type != self.gpu_type:
@@ -274,9 +279,11 @@ class _FreeRoom:
         counts = self._gpu_counts[slot.pool]
         del counts[bisect.bisect_left(counts, slot.gpus)]
 
-    def find(self, bundle: Bundle, pools: Sequence[str]) -> _Slot | None:
-        """The first slot that holds the bundle: pools in the order given, then the fewest
-        free GPUs (the tightest fit) first."""
+    def find(
+        self, bundle: Bundle, pools: Sequence[str], avoid: frozenset[str] = frozenset()
+    ) -> _Slot | None:
+        """The first slot that holds the bundle, on none of the `avoid` nodes: pools in the
+        order given, then the fewest free GPUs (the tightest fit) first."""
         gpus = bundle.gpus
         for pool in pools:
             counts = self._gpu_counts.get(pool)
@@ -285,7 +292,7 @@ class _FreeRoom:
             buckets = self._by_pool[pool]
             for count in counts[bisect.bisect_left(counts, gpus) :]:
                 for slot in buckets[count]:
-                    if slot.holds(bundle):
+                    if slot.holds(bundle) and (not avoid or slot.node not in avoid):
                         return slot
         return None
 
@@ -339,6 +346,81 @@ class _Packing:
     """Pools that launched a node less than the settle time ago."""
     cost_per_hour_usd: float
     launches: dict[str, int] = field(default_factory=dict)
+    placements: list[Placement] = field(default_factory=list)
+
+
+def placement_order(demands: Iterable[Demand], now: datetime) -> list[Demand]:
+    """The platform's order, in which waiting attempts take room (and growth is bought):
+    deadline jobs behind their reserve first (`shared.deadline`: their slack, the time they
+    could still wait, is below a share of their work left), then higher priority, then the
+    longest queued, then by id. Pure.
+
+    A gang is not starved by a stream of smaller jobs: once its turn comes and it cannot
+    be placed nor grown for (the pools at their maximum, the budget), the room it finds on
+    the nodes is reserved for it, and later jobs take only what is left (`plan`)."""
+    # Three stable sorts by one attribute each are faster than one by a tuple key: the
+    # simulator decides tens of thousands of times.
+    ordered = sorted(demands, key=attrgetter("job_id"))
+    ordered.sort(key=attrgetter("queued_at"))
+    ordered.sort(key=attrgetter("priority"), reverse=True)
+    ordered.sort(key=lambda demand: not _behind_reserve(demand, now))
+    return ordered
+
+
+def _behind_reserve(demand: Demand, now: datetime) -> bool:
+    if demand.deadline is None or demand.work_left_s is None:
+        return False
+    slack_s = (demand.deadline - now).total_seconds() - demand.work_left_s
+    return slack_s < RESERVE_SHARE * demand.work_left_s
+
+
+_RESERVES_ROOM = frozenset({BlockedReason.POOL_AT_MAX, BlockedReason.OVER_BUDGET})
+"""Why a demand may wait with the room it finds held for it: no growth can serve it now,
+so room freed on the nodes must accumulate for it rather than go to later jobs."""
+
+
+def _largest_first(bundles: Sequence[Bundle]) -> tuple[Bundle, ...]:
+    """A gang's bundles in first-fit-decreasing order, which packs tightest."""
+    if len(bundles) == 1:
+        return tuple(bundles)
+    return tuple(sorted(bundles, key=lambda b: (b.gpus, b.cpus, b.memory_gb), reverse=True))
+
+
+def _hold_placed(
+    demands: Iterable[Demand], ready: Mapping[str, _Slot | None], room: _FreeRoom
+) -> tuple[list[str], list[Demand]]:
+    """Hold the room of demands placed by an earlier pass, not started yet, on nodes that
+    are still up; returns their ids and the demands still to place (not placed yet, or a
+    node they were placed on went: placed again)."""
+    held: list[str] = []
+    pending: list[Demand] = []
+    for demand in demands:
+        if demand.placed_on and all(node in ready for node in demand.placed_on):
+            _hold(demand, ready, room)
+            held.append(demand.job_id)
+        else:
+            pending.append(demand)
+    return held, pending
+
+
+def _hold(demand: Demand, ready: Mapping[str, _Slot | None], room: _FreeRoom) -> None:
+    """Keep the room a placed attempt was given on its nodes until it starts. Room Ray has
+    already given it (its driver is starting) is no longer free, and is not taken twice."""
+    for bundle, node in zip(_largest_first(demand.bundles), demand.placed_on, strict=False):
+        slot = ready.get(node)
+        if slot is not None and slot.holds(bundle):
+            room.take(slot, bundle)
+            slot.used = True
+
+
+def _reserve(demand: Demand, choice: _Eligible, room: _FreeRoom) -> None:
+    """Hold for a blocked demand whatever room its bundles find (`placement_order`)."""
+    avoid = frozenset(demand.avoid_nodes)
+    for bundle in _largest_first(demand.bundles):
+        slot = room.find(bundle, choice.names, avoid)
+        if slot is not None:
+            room.take(slot, bundle)
+            slot.used = True
 
 
 def plan(
@@ -372,6 +454,8 @@ def plan(
     cost_per_hour_usd = 0.0
     slots = []
     idle: list[tuple[NodeView, _Slot | None]] = []
+    ready: dict[str, _Slot | None] = {}
+    """Nodes an attempt can be handed to Ray on now, with their room."""
     gpuless_asked = any(b.gpus == 0 for d in demands for b in d.bundles)
     # One pass over the nodes: the simulator asks for a decision tens of thousands of times
     # on clusters of hundreds of nodes.
@@ -388,8 +472,18 @@ def plan(
         slot = None
         if free.gpus > 0 or (gpuless_asked and free.cpus > _EPSILON):
             # Room a pending bundle could be given (see `_FreeRoom.offers`).
-            slot = _Slot(node.pool, free.gpus, free.cpus, free.memory_gb, free.gpu_type)
+            slot = _Slot(
+                node.pool,
+                free.gpus,
+                free.cpus,
+                free.memory_gb,
+                free.gpu_type,
+                node=node.name,
+                ready=node.ready and not node.draining,
+            )
             slots.append(slot)
+        if node.ready and not node.draining:
+            ready[node.name] = slot
         if (
             node.ready
             and node.idle_s >= _idle_timeout_s(node, config, idle_timeouts)
@@ -409,11 +503,8 @@ def plan(
     # Which pools a job may grow depends only on the capacity it may grow (`_allowed`):
     # computed once per such set, not once per job.
     eligible: dict[frozenset[CapacityClass], _Eligible] = {}
-    # Most urgent first: by priority, then the longest queued, then by id. Three stable sorts
-    # by one attribute each are faster than one by a tuple key.
-    ordered = sorted(demands, key=attrgetter("job_id"))
-    ordered.sort(key=attrgetter("queued_at"))
-    ordered.sort(key=attrgetter("priority"), reverse=True)
+    in_room, pending = _hold_placed(demands, ready, packing.room)
+    ordered = placement_order(pending, now)
     # Spot that cannot be had for a deadline job: pools out of capacity, and pools at their
     # limit with no room left on their nodes.
     spot_full = unavailable | frozenset(
@@ -423,7 +514,6 @@ def plan(
         and sizes[p.name] >= p.max_nodes
         and not any(s.pool == p.name and s.gpus > 0 for s in slots)
     )
-    in_room: list[str] = []
     for demand in ordered:
         allowed = _allowed(
             demand, pools, config, now, unavailable, spot_gone=spot_full, outlooks=outlooks
@@ -435,18 +525,38 @@ def plan(
             )
         if (outcome := _place(demand, choice, packing, config)) is not None:
             blocked.append(outcome)
+            if outcome.reason in _RESERVES_ROOM and len(demand.bundles) > 1:
+                _reserve(demand, choice, packing.room)
         elif not packing.launches:
             # Room the nodes have now: none was bought yet, whose room would count too.
             in_room.append(demand.job_id)
 
     release = _idle_nodes(idle, by_name, sizes)
-    released = dict.fromkeys(by_name, 0)
+    plans = _pool_plans(pools, sizes, packing.launches, release)
+    return ScalePlan(
+        pools=tuple(plans),
+        release=tuple(sorted(node.name for node in release)),
+        blocked=tuple(blocked),
+        in_room=tuple(in_room),
+        placements=tuple(packing.placements),
+    )
+
+
+def _pool_plans(
+    pools: Sequence[PoolSpec],
+    sizes: Mapping[str, int],
+    launches: Mapping[str, int],
+    release: Sequence[NodeView],
+) -> list[PoolPlan]:
+    """Each pool's target: its nodes, plus those launched, less those released, never
+    below its minimum; with the reason."""
+    released = dict.fromkeys(sizes, 0)
     for node in release:
         released[node.pool] += 1
     plans = []
     for pool in pools:
         current = sizes[pool.name]
-        launched = packing.launches.get(pool.name, 0)
+        launched = launches.get(pool.name, 0)
         target = current + launched - released[pool.name]
         reason = (
             Reason.PENDING_DEMAND
@@ -458,12 +568,7 @@ def plan(
         if target < pool.min_nodes:
             target, reason = pool.min_nodes, Reason.BELOW_MIN
         plans.append(PoolPlan(pool=pool.name, current=current, target=target, reason=reason))
-    return ScalePlan(
-        pools=tuple(plans),
-        release=tuple(sorted(node.name for node in release)),
-        blocked=tuple(blocked),
-        in_room=tuple(in_room),
-    )
+    return plans
 
 
 def _choice(  # noqa: PLR0917  # plan's inputs, passed on
@@ -514,15 +619,16 @@ def _place(
             reason=BlockedReason.NO_POOL_FITS,
             detail=f"no {demand.capacity.value} pool is configured",
         )
-    bundles = demand.bundles
+    bundles = _largest_first(demand.bundles)
     lone = len(bundles) == 1
-    if not lone:
-        # Largest bundles first: the classic first-fit-decreasing order packs tightest.
-        bundles = tuple(sorted(bundles, key=lambda b: (b.gpus, b.cpus, b.memory_gb), reverse=True))
+    avoid = frozenset(demand.avoid_nodes)
     asked_gpus = bundles[0].gpus if lone else sum(b.gpus for b in bundles)
     room = packing.room
-    if room.free_gpus_in(choice.names) >= asked_gpus and _fit_in_room(bundles, choice, room):
-        return None
+    if room.free_gpus_in(choice.names) >= asked_gpus:
+        fitted = _fit_in_room(bundles, choice, room, avoid)
+        if fitted is not None:
+            _record_placement(demand, fitted, packing)
+            return None
     why = BlockedReason.NO_POOL_FITS
     detail = "no allowed pool has a node shape that holds its bundles"
     would_grow: str | None = None
@@ -538,7 +644,7 @@ def _place(
             count = 1
         else:
             trial = _Trial(room)
-            trial.fit(bundles, choice.zones[pool.zone], grow=empty_node)
+            trial.fit(bundles, choice.zones[pool.zone], grow=empty_node, avoid=avoid)
             count = len(trial.new_slots)
         refusal = _refusal(pool, count, packing, config)
         if refusal is None:
@@ -558,16 +664,36 @@ def _place(
     )
 
 
-def _fit_in_room(bundles: Sequence[Bundle], choice: _Eligible, room: _FreeRoom) -> bool:
-    """Place every bundle in free room, or none. A gang is placed within one zone: its
-    workers talk to each other all the time, and cross-zone traffic is slow and billed."""
+def _record_placement(demand: Demand, fitted: _Trial, packing: _Packing) -> None:
+    """A demand fitted in room: placed, when all of that room is on ready nodes (room on
+    a booting node is counted, but the attempt waits for the node to join Ray)."""
+    nodes = fitted.ready_nodes()
+    if nodes is None:
+        return
+    packing.placements.append(
+        Placement(
+            job_id=demand.job_id,
+            attempt=demand.attempt,
+            requeued=demand.requeued,
+            nodes=nodes,
+            pool=fitted.first_pool(),
+        )
+    )
+
+
+def _fit_in_room(
+    bundles: Sequence[Bundle], choice: _Eligible, room: _FreeRoom, avoid: frozenset[str]
+) -> _Trial | None:
+    """Place every bundle in free room, or none; the committed trial, if placed. A gang is
+    placed within one zone: its workers talk to each other all the time, and cross-zone
+    traffic is slow and billed."""
     groups = [choice.names] if len(bundles) == 1 else list(choice.zones.values())
     for names in groups:
         trial = _Trial(room)
-        if trial.fit(bundles, names, grow=None):
+        if trial.fit(bundles, names, grow=None, avoid=avoid):
             trial.commit()
-            return True
-    return False
+            return trial
+    return None
 
 
 def _refusal(
@@ -605,12 +731,18 @@ class _Trial:
         self.new_slots: list[_Slot] = []
         """New nodes this trial opened."""
 
-    def fit(self, bundles: Sequence[Bundle], pools: Sequence[str], grow: _Slot | None) -> bool:
+    def fit(
+        self,
+        bundles: Sequence[Bundle],
+        pools: Sequence[str],
+        grow: _Slot | None,
+        avoid: frozenset[str] = frozenset(),
+    ) -> bool:
         """Place every bundle, opening new nodes of the shape `grow` (an empty node of a pool
         that holds every bundle) where no room is left, if given."""
         room = self._room
         for bundle in bundles:
-            slot = room.find(bundle, pools)
+            slot = room.find(bundle, pools, avoid)
             if slot is not None:
                 room.take(slot, bundle)
                 self._taken.append((slot, bundle))
@@ -626,6 +758,19 @@ class _Trial:
     def commit(self) -> None:
         for slot, _ in self._taken:
             slot.used = True
+
+    def ready_nodes(self) -> tuple[str, ...] | None:
+        """The node of each bundle placed, when every one is on a ready node (not booting,
+        not launched by this decision); None otherwise."""
+        if self.new_slots or not self._taken:
+            return None
+        nodes = [slot.node for slot, _ in self._taken if slot.ready]
+        if len(nodes) != len(self._taken):
+            return None
+        return tuple(node for node in nodes if node is not None) or None
+
+    def first_pool(self) -> str:
+        return self._taken[0][0].pool
 
     def undo(self) -> None:
         # Given back in reverse, so each slot's room is restored exactly; like any change, it
