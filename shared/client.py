@@ -180,6 +180,61 @@ class SpotrainClient:
             for sub in subs:
                 await sub.unsubscribe()
 
+    async def submit_many(
+        self, requests: Sequence[JobRequested], *, answer_timeout_s: float = 30.0
+    ) -> dict[str, Event[JobAccepted] | Event[JobRejected] | None]:
+        """Publish many requests (a sweep's) at once and wait for every answer: each job
+        id to its answer, None where none came in time (the request is stored and will
+        be handled)."""
+        wanted = {request.job_id for request in requests}
+        answers: dict[str, Event[JobAccepted] | Event[JobRejected] | None] = dict.fromkeys(wanted)
+        if self._person is not None:
+            # A person's credential asks the desk for each answer: a few at a time.
+            limit = asyncio.Semaphore(16)
+
+            async def one(request: JobRequested) -> None:
+                async with limit:
+                    answers[request.job_id] = await self._submit_asking(request, answer_timeout_s)
+
+            await asyncio.gather(*(one(request) for request in requests))
+            return answers
+        done = asyncio.Event()
+        left = set(wanted)
+
+        async def on_answer(msg: Any) -> None:
+            try:
+                event = decode(msg.data)
+            except ValueError:
+                return
+            job_id = getattr(event.data, "job_id", None)
+            if job_id in left:
+                left.discard(job_id)
+                answers[job_id] = cast("Event[JobAccepted] | Event[JobRejected]", event)
+                if not left:
+                    done.set()
+
+        # Subscribed before publishing, so a quick answer is not missed.
+        subs = [
+            await self._bus.client.subscribe(subject_for(model, self.prefix), cb=on_answer)
+            for model in (JobAccepted, JobRejected)
+        ]
+        try:
+            for request in requests:
+                event = new_event(
+                    request,
+                    source=f"cli/{request.owner}",
+                    time=self._clock.now(),
+                    subject=request.job_id,
+                )
+                await self._bus.publish(event)
+            if left:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(done.wait(), timeout=answer_timeout_s)
+            return answers
+        finally:
+            for sub in subs:
+                await sub.unsubscribe()
+
     async def cancel(self, job_id: str, requested_by: str) -> None:
         """Ask for the job to stop; a job is its owner's to cancel, or its team admin's
         (the submitter refuses anyone else's request, so this says so before asking)."""

@@ -136,7 +136,9 @@ def admit(
             f"{quotas.max_gpus_per_owner} at once",
         )
     over = owner_over_quota(request, owner_gpus_in_use, quotas)
-    if over is None and owner_waiting == 0:
+    if over is None:
+        # A smaller job may pass a larger one of the same owner that waits: the quota it
+        # takes is free now, and the waiting ones take quota in priority order as it frees.
         return Accept(gpus=gpus)
     if owner_waiting >= quotas.max_waiting_per_owner:
         return Reject(
@@ -144,8 +146,7 @@ def admit(
             f"{request.owner} already has {owner_waiting} jobs waiting for quota, the most "
             f"one person may queue ({quotas.max_waiting_per_owner}); cancel some or wait",
         )
-    # Behind the owner's jobs that wait already: first come, first served.
-    return WaitForQuota(over or f"{request.owner}'s earlier jobs wait for quota first")
+    return WaitForQuota(over)
 
 
 def owner_over_quota(request: JobRequested, in_use: int, quotas: Quotas) -> str | None:

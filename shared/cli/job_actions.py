@@ -22,6 +22,7 @@ import typer
 from pydantic import ValidationError
 from rich.progress import BarColumn, Progress, TaskID, TextColumn
 
+from shared import sweep
 from shared.cli.console import CliError, duration_s, err, out, print_table, table_width
 from shared.cli.tables import Column, Output, ShowOutput, event_line
 from shared.client import PlatformError, SpotrainClient, current_user, new_job_id
@@ -54,6 +55,9 @@ def submit(params: Mapping[str, Any]) -> None:
     if not workdir.is_dir():
         raise CliError(f"working directory {workdir} does not exist", 2)
     entrypoint = script_entrypoint(script, args or [], workdir)
+    if params.get("sweep"):
+        submit_sweep(params, script, list(args or []), workdir)
+        return
     # The options by name, as click parsed them: the notebook magics build from the same.
     fields = request_fields(params, entrypoint)
     if fields["max_workers"] is not None:
@@ -92,6 +96,74 @@ def submit(params: Mapping[str, Any]) -> None:
     out.print(fields["job_id"])
     if code:
         raise typer.Exit(code)
+
+
+def sweep_requests(
+    params: Mapping[str, Any], script: str, args: list[str], workdir: Path
+) -> list[JobRequested]:
+    """The requests of a sweep, one per point, validated before anything is uploaded: the
+    job ids `<base>-<n>`, the experiment (`--experiment`, else the base id), each point's
+    values as labels. A bad sweep is a one-line `CliError`."""
+    if params.get("job_id") is not None or params.get("wait"):
+        raise CliError("--sweep names its jobs and is followed with watch --experiment", 2)
+    source = script_source(script, workdir)
+    try:
+        grid = sweep.points(sweep.parse_axes(list(params["sweep"])), args, source)
+    except sweep.SweepError as error:
+        raise CliError(str(error), 2) from None
+    base = new_job_id(script_entrypoint(script, args, workdir))
+    experiment = params["experiment"] or base
+    requests = []
+    for point in grid:
+        fields = request_fields(
+            {**params, **point.options, "experiment": experiment},
+            script_entrypoint(script, list(point.args), workdir),
+        )
+        fields["job_id"] = sweep.point_job_id(base, point.index, len(grid))
+        fields["labels"] = {
+            **fields["labels"],
+            **{f"sweep.{k}": v for k, v in point.values.items()},
+        }
+        if fields["max_workers"] is not None:
+            require_ray_train(script, source, fields)
+        requests.append(build_request(fields))
+    return requests
+
+
+def submit_sweep(params: Mapping[str, Any], script: str, args: list[str], workdir: Path) -> None:
+    """`spotrain submit --sweep`: every point submitted at once, each answered; prints
+    each job id, then a summary, the experiment last."""
+    requests = sweep_requests(params, script, args, workdir)
+
+    async def go() -> dict[str, Any]:
+        async with await SpotrainClient.connect() as client:
+            try:
+                workspace = await client.upload_workspace(workdir)
+            except WorkspaceError as error:
+                raise CliError(str(error), 2) from None
+            shipped = [r.model_copy(update={"working_dir": workspace}) for r in requests]
+            return await client.submit_many(shipped)
+
+    answers = _run(go)
+    rejected = {
+        job_id: answer.data.detail
+        for job_id, answer in answers.items()
+        if answer is not None and isinstance(answer.data, JobRejected)
+    }
+    silent = sum(1 for answer in answers.values() if answer is None)
+    for request in requests:
+        out.print(request.job_id)
+    for job_id, detail in sorted(rejected.items())[:5]:
+        err.print(f"rejected {job_id}: {detail}")
+    experiment = requests[0].experiment
+    err.print(
+        f"sweep of {len(requests)}: {len(requests) - len(rejected) - silent} accepted, "
+        f"{len(rejected)} rejected, {silent} not answered yet; follow it: spotrain watch "
+        f"--experiment {experiment}"
+    )
+    out.print(experiment)
+    if rejected:
+        raise typer.Exit(1)
 
 
 def list_jobs(everyone: bool, output: Output) -> None:
@@ -296,8 +368,16 @@ def logs(job_id: str, follow: bool, attempt: int | None) -> None:
         _follow_logs(dashboard, job_id, attempts[-1].submission_id)
 
 
-def watch(job_id: str) -> None:
-    """What `spotrain watch` does."""
+def watch(job_id: str | None, experiment: str | None = None) -> None:
+    """What `spotrain watch` does: one job's progress, or an experiment's jobs by state."""
+    if (job_id is None) == (experiment is None):
+        raise CliError("watch takes a JOB_ID or --experiment NAME", 2)
+    if experiment is not None:
+        code = _run(lambda: _with_client(lambda c: _watch_experiment(c, experiment)))
+        if code:
+            raise typer.Exit(code)
+        return
+    assert job_id is not None
     code = _run(lambda: _with_client(lambda c: _watch(c, job_id)))
     if code:
         raise typer.Exit(code)
@@ -604,6 +684,28 @@ async def _print_until_end(events: AsyncIterator[Event[EventData]]) -> int:
         if isinstance(event.data, JobRejected):
             return 1
     return 0
+
+
+async def _watch_experiment(
+    client: SpotrainClient, experiment: str, interval_s: float = 2.0
+) -> int:
+    """A line each time the experiment's jobs change: how many in each state, until all
+    ended; exit 1 if any failed."""
+    said = ""
+    while True:
+        records = [r for r in await client.jobs() if r.request.experiment == experiment]
+        if not records:
+            raise PlatformError(f"no jobs of experiment {experiment}")
+        counts = Counter(record.state.value for record in records)
+        line = f"{experiment}: {len(records)} jobs: " + ", ".join(
+            f"{counts[state]} {state}" for state in sorted(counts)
+        )
+        if line != said:
+            out.print(line)
+            said = line
+        if all(not record.is_active for record in records):
+            return 1 if counts.get("failed") else 0
+        await asyncio.sleep(interval_s)
 
 
 async def _watch(client: SpotrainClient, job_id: str) -> int:

@@ -74,6 +74,14 @@ def submit(  # noqa: PLR0917  # a typer command: its options are its parameters
     wait: Annotated[
         bool, typer.Option(help="Follow the job to its end; exit 1 if it fails.")
     ] = False,
+    sweep: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="KEY=V1,V2,... repeatable: one job per point of the grid, all one "
+            "experiment; KEY is a script argument (--KEY) or one of priority, gpus, cpus, "
+            "memory-gb, max-restarts.",
+        ),
+    ] = None,
     deadline: Annotated[
         str | None,
         typer.Option(
@@ -143,11 +151,16 @@ def logs(
     job_actions.logs(job_id, follow, attempt)
 
 
-def watch(job_id: str) -> None:
-    """A live progress bar: step, loss, ETA, attempts."""
+def watch(
+    job_id: Annotated[str | None, typer.Argument()] = None,
+    experiment: Annotated[
+        str | None, typer.Option(help="Every job of the experiment (a sweep), by state.")
+    ] = None,
+) -> None:
+    """A live progress bar: step, loss, ETA, attempts; or an experiment's jobs."""
     from shared.cli import job_actions  # noqa: PLC0415  # when it runs, not for its help
 
-    job_actions.watch(job_id)
+    job_actions.watch(job_id, experiment)
 
 
 def cancel(job_id: str) -> None:

@@ -27,7 +27,7 @@ from shared.messaging.jetstream import JetStreamBus
 from tests.async_helpers import consuming, eventually
 from tests.events import job_requested
 from tests.fakes.clock import FixedClock
-from tests.fakes.submitter import FakeProgress, FakeRay, FakeWorkspaces
+from tests.fakes.submitter import FakeProgress, FakeRay, FakeWorkspaces, place_queued
 from tests.integration.test_replay_events import events_cli, instant
 
 pytestmark = pytest.mark.integration
@@ -85,6 +85,7 @@ async def test_replayed_requests_reach_the_submitter_and_start_nothing_twice(
             return await stored_types(jetstream_bus, *ANSWERS) == expected
 
         await eventually(answered)
+        assert await place_queued(deps) == ["job-1"]  # the scaler's part
         await eventually(lambda: len(ray.submitted) == 1)
         before = {job: await store.get(job) for job in ("job-1", "job-2")}
 

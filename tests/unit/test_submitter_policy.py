@@ -85,10 +85,9 @@ def test_a_wait_for_the_owners_quota_says_by_how_much() -> None:
     ("in_use", "waiting", "expected"),
     [
         pytest.param(0, 0, Accept, id="room-and-nobody-waits"),
-        pytest.param(0, 1, WaitForQuota, id="room-but-earlier-jobs-wait-first"),
+        pytest.param(0, 5, Accept, id="room-for-it-though-larger-ones-wait"),
         pytest.param(12, 999, WaitForQuota, id="the-last-place-in-the-queue"),
         pytest.param(12, 1000, Reject, id="past-the-queue-depth"),
-        pytest.param(0, 1000, Reject, id="past-the-queue-depth-though-room"),
     ],
 )
 def test_a_sweep_waits_for_its_owners_quota_up_to_the_queue_depth(

@@ -296,6 +296,20 @@ class _FreeRoom:
                         return slot
         return None
 
+    def most_free(self, pools: Sequence[str], avoid: frozenset[str]) -> _Slot | None:
+        """The slot with the most GPUs free in these pools, on none of the `avoid` nodes."""
+        best: _Slot | None = None
+        for pool in pools:
+            buckets = self._by_pool.get(pool, {})
+            for count in reversed(self._gpu_counts.get(pool, [])):
+                if best is not None and count <= best.gpus:
+                    break
+                found = next((s for s in buckets[count] if s.node not in avoid), None)
+                if found is not None:
+                    best = found
+                    break
+        return best
+
     def free_gpus_in(self, pools: Sequence[str]) -> int:
         """Free GPUs in all over these pools: the most a job could be given without growth."""
         free = 0
@@ -413,14 +427,26 @@ def _hold(demand: Demand, ready: Mapping[str, _Slot | None], room: _FreeRoom) ->
             slot.used = True
 
 
-def _reserve(demand: Demand, choice: _Eligible, room: _FreeRoom) -> None:
-    """Hold for a blocked demand whatever room its bundles find (`placement_order`)."""
+def _reserve(demand: Demand, choice: _Eligible, packing: _Packing) -> None:
+    """Hold for a blocked demand the room its bundles would take as it frees
+    (`placement_order`): for each bundle, the node with the most GPUs free of a pool whose
+    node shape holds the bundle, up to what the bundle asks. Room on a node is held in
+    part: its other GPUs, once free, complete what the bundle needs."""
     avoid = frozenset(demand.avoid_nodes)
+    room = packing.room
     for bundle in _largest_first(demand.bundles):
-        slot = room.find(bundle, choice.names, avoid)
-        if slot is not None:
-            room.take(slot, bundle)
-            slot.used = True
+        pools = [name for name in choice.names if packing.empty_nodes[name].holds(bundle)]
+        slot = room.most_free(pools, avoid)
+        if slot is None or (bundle.gpus > 0 and slot.gpus == 0):
+            return
+        held = Bundle.model_construct(
+            gpus=min(bundle.gpus, slot.gpus),
+            cpus=min(bundle.cpus, max(slot.cpus, 0.0)),
+            memory_gb=min(bundle.memory_gb, max(slot.memory_gb, 0.0)),
+            gpu_type=bundle.gpu_type,
+        )
+        room.take(slot, held)
+        slot.used = True
 
 
 def plan(
@@ -525,8 +551,8 @@ def plan(
             )
         if (outcome := _place(demand, choice, packing, config)) is not None:
             blocked.append(outcome)
-            if outcome.reason in _RESERVES_ROOM and len(demand.bundles) > 1:
-                _reserve(demand, choice, packing.room)
+            if outcome.reason in _RESERVES_ROOM:
+                _reserve(demand, choice, packing)
         elif not packing.launches:
             # Room the nodes have now: none was bought yet, whose room would count too.
             in_room.append(demand.job_id)
