@@ -49,12 +49,31 @@ class PoolStatus(Frozen):
         return self.out_of_capacity_until is None and self.nodes < self.max_nodes
 
 
+class QueuedAttempt(Frozen):
+    """An attempt in the platform's queue, where it stands and why it waits."""
+
+    job_id: str
+    attempt: int
+    position: int
+    """1 takes the next room that fits it (`services.scaler.policy.placement_order`)."""
+    why: str
+
+
 class PoolsStatus(Frozen):
     updated_at: AwareDatetime
     budget_per_hour_usd: float
     cost_per_hour_usd: float
     pools: tuple[PoolStatus, ...]
     blocked_jobs: int
+    queue: tuple[QueuedAttempt, ...] = ()
+    """The queued attempts the scaler places, in the order they take room (at most
+    `MAX_QUEUE_SHOWN`)."""
+
+    def place_of(self, job_id: str, attempt: int) -> QueuedAttempt | None:
+        return next((q for q in self.queue if q.job_id == job_id and q.attempt == attempt), None)
+
+
+MAX_QUEUE_SHOWN = 2000
 
 
 class OwnersSpend(Frozen):

@@ -232,10 +232,14 @@ def _job_row(record: JobRecord, spent: CostRow | None, now: datetime) -> dict[st
 def show(job_id: str, all_events: bool, output: ShowOutput) -> None:
     """What `spotrain show` does."""
 
-    async def go(client: SpotrainClient) -> tuple[JobRecord | None, list[Any], Ledger]:
-        return await asyncio.gather(client.job(job_id), client.history(job_id), client.costs())
+    async def go(
+        client: SpotrainClient,
+    ) -> tuple[JobRecord | None, list[Any], Ledger, PoolsStatus | None]:
+        return await asyncio.gather(
+            client.job(job_id), client.history(job_id), client.costs(), client.pools()
+        )
 
-    record, history, ledger = _run(lambda: _with_client(go))
+    record, history, ledger, pools = _run(lambda: _with_client(go))
     if record is None and not history:
         raise CliError(f"no job {job_id}")
     if output is ShowOutput.JSON:
@@ -245,7 +249,7 @@ def show(job_id: str, all_events: bool, output: ShowOutput) -> None:
         return
     charges = [c for c in ledger.attribution.charges if c.job_id == job_id]
     if record is not None:
-        for line in describe(record, charges, datetime.now(UTC)):
+        for line in describe(record, charges, datetime.now(UTC), queue=pools):
             out.print(line, soft_wrap=True, highlight=False)
     else:
         out.print(f"job: {job_id} (no record: only events)")
@@ -259,14 +263,22 @@ def show(job_id: str, all_events: bool, output: ShowOutput) -> None:
         out.print(f"  {line}", soft_wrap=True, highlight=False, markup=False)
 
 
-def describe(record: JobRecord, charges: Sequence[Charge], now: datetime) -> list[str]:
+def describe(
+    record: JobRecord,
+    charges: Sequence[Charge],
+    now: datetime,
+    *,
+    queue: PoolsStatus | None = None,
+) -> list[str]:
     """A job as `show` describes it, before its cost and events: one fact a line, then a
-    line per attempt (kubectl describe's way)."""
+    line per attempt (kubectl describe's way). `queue`: the scaler's last status, for where
+    a queued attempt stands and why it waits."""
     request = record.request
     lines = [
         f"job: {record.job_id}",
         f"state: {record.state.value}"
         + (f" ({record.waiting_for})" if record.is_active and record.waiting_for else ""),
+        *_queue_line(record, queue),
         f"owner: {request.owner}"
         + (f", experiment {request.experiment}" if request.experiment else ""),
         f"asks: {_asks(request)}",
@@ -289,6 +301,24 @@ def describe(record: JobRecord, charges: Sequence[Charge], now: datetime) -> lis
         after = record.attempts[index + 1] if index + 1 < len(record.attempts) else None
         lines.append("  " + _attempt_line(attempt, after, by_attempt.get(attempt.number)))
     return lines
+
+
+def _queue_line(record: JobRecord, status: PoolsStatus | None) -> list[str]:
+    """`queue: #3 of 40: over-budget: ...` for an attempt waiting in the platform's queue."""
+    attempt = record.current
+    if (
+        not record.is_active
+        or record.waiting_for is not None
+        or attempt is None
+        or attempt.state not in (AttemptState.QUEUED, AttemptState.SUBMITTED)
+    ):
+        return []
+    place = status.place_of(record.job_id, attempt.number) if status is not None else None
+    if place is None:
+        if attempt.state is AttemptState.SUBMITTED:
+            return [f"queue: placed on {', '.join(attempt.placed_on)}: Ray is starting it"]
+        return ["queue: not seen by the scaler yet (it decides every few seconds)"]
+    return [f"queue: #{place.position} of {len(status.queue) if status else 0}: {place.why}"]
 
 
 def _asks(request: JobRequested) -> str:

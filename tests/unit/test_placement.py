@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from services.scaler.model import BlockedReason, Demand, NodeView, PoolSpec, ScalerConfig
 from services.scaler.policy import placement_order, plan
+from services.scaler.policy.packing import queue_positions
 from shared.events.types import Bundle, CapacityClass
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
@@ -211,3 +212,43 @@ def test_placements_use_only_free_room_on_ready_nodes_never_an_avoided_one(
             taken[name] = taken.get(name, 0) + bundle.gpus
     for name, gpus in taken.items():
         assert gpus <= by_name[name].free.gpus, f"{name} given more than it has free"
+
+
+def test_a_deadline_job_keeps_waiting_for_the_spot_node_that_boots_for_it() -> None:
+    """Its slack was enough for spot and a boot when the node was bought; while that node
+    boots, the wait costs only the rest of its boot, so the decision holds (no second,
+    on-demand node bought for the same job two seconds later)."""
+    on_demand = PoolSpec(
+        name="gpu-od", capacity=CapacityClass.ON_DEMAND, gpus=2, cpus=8,
+        price_per_hour_usd=3.0, boot_time_s=15, max_nodes=2,
+    )  # fmt: skip
+    spot = SPOT.model_copy(update={"boot_time_s": 15})
+    wanted = Demand(
+        job_id="dl",
+        attempt=1,
+        bundles=(Bundle(gpus=2, cpus=1),),
+        capacity=CapacityClass.ANY,
+        queued_at=NOW,
+        deadline=NOW + timedelta(seconds=237),
+        work_left_s=190,
+    )
+    first = plan((spot, on_demand), [], [wanted], CONFIG, NOW)
+    assert first.target("gpu-spot") == 1
+    booting = NodeView(name="gpu-spot-1", pool="gpu-spot", ready=False, free=spot.shape, age_s=6)
+    later = plan((spot, on_demand), [booting], [wanted], CONFIG, NOW + timedelta(seconds=6))
+    assert (later.target("gpu-spot"), later.target("gpu-od")) == (1, 0)
+    assert later.in_room == ("dl",)
+
+
+def test_the_queue_says_each_attempts_place_and_why_it_waits() -> None:
+    nodes = [node("n1", free_gpus=1)]
+    held = demand("held", placed_on=("n1",), waited_s=90)
+    gang = demand("gang", gpus=2, workers=3, waited_s=60, priority=7)
+    small = demand("small", waited_s=30)
+    decided = plan((SPOT,), nodes, [held, gang, small], CONFIG, NOW)
+    queue = queue_positions([held, gang, small], decided, NOW)
+    assert [(q.job_id, q.position) for q in queue] == [("gang", 1), ("held", 2), ("small", 3)]
+    whys = {q.job_id: q.why for q in queue}
+    assert whys["held"] == "placed on n1: Ray is starting it"
+    assert whys["gang"].startswith("pool-at-max: gpu-spot would need")
+    assert whys["small"] == "a node is being bought for it"

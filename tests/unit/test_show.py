@@ -11,6 +11,7 @@ from shared.cost import CostRow, format_usd
 from shared.events.data import JobRequested
 from shared.events.types import Bundle, CapacityClass
 from shared.jobs import Attempt, AttemptState, JobRecord, JobState
+from shared.pools import PoolsStatus, QueuedAttempt
 
 NOW = datetime(2026, 12, 4, 15, 34, tzinfo=UTC)
 
@@ -78,3 +79,40 @@ def test_the_cost_fits_80_columns_at_a_large_bill() -> None:
     lines = _cost_line(row).splitlines()
     assert max(len(line) for line in lines) <= 80, lines
     assert lines[1] == f"saved: {format_usd(Fraction('23456.7891'))} against on-demand"
+
+
+def test_a_queued_job_says_where_it_stands_and_why_it_waits() -> None:
+    record = elastic_job()
+    queued = record.model_copy(
+        update={
+            "state": JobState.QUEUED,
+            "attempts": (
+                record.attempts[0].model_copy(
+                    update={"state": AttemptState.QUEUED, "started_at": None, "step": None}
+                ),
+            ),
+        }
+    )
+    status = PoolsStatus(
+        updated_at=NOW,
+        budget_per_hour_usd=0.5,
+        cost_per_hour_usd=0.34,
+        pools=(),
+        blocked_jobs=1,
+        queue=(
+            QueuedAttempt(job_id="other", attempt=1, position=1, why="placed on gpu-spot-1"),
+            QueuedAttempt(
+                job_id="train-ddp-5433cd",
+                attempt=1,
+                position=2,
+                why="over-budget: 1 more gpu-spot node(s) would cost $0.68/h in all",
+            ),
+        ),
+    )
+    lines = describe(queued, [], NOW, queue=status)
+    assert lines[2] == (
+        "queue: #2 of 2: over-budget: 1 more gpu-spot node(s) would cost $0.68/h in all"
+    )
+    unseen = describe(queued, [], NOW, queue=None)
+    assert unseen[2] == "queue: not seen by the scaler yet (it decides every few seconds)"
+    assert not any(line.startswith("queue:") for line in describe(record, [], NOW, queue=status))

@@ -26,10 +26,11 @@ from services.scaler.model import (
     ScalePlan,
     ScalerConfig,
 )
+from services.scaler.policy.elastic import is_growth
 from shared.deadline import RESERVE_SHARE, Run, SpotOutlook, queued_decision
 from shared.events.types import Bundle, CapacityClass
 from shared.pool_knowledge import PoolRecord
-from shared.pools import PoolsStatus, PoolStatus
+from shared.pools import MAX_QUEUE_SHOWN, PoolsStatus, PoolStatus, QueuedAttempt
 
 _EPSILON = 1e-9
 
@@ -85,6 +86,7 @@ def eligible_pools(
     risk: Mapping[str, float] | None = None,
     spot_gone: frozenset[str] | None = None,
     outlooks: Mapping[str, SpotOutlook] | None = None,
+    booting_left_s: Mapping[str, float] | None = None,
 ) -> list[PoolSpec]:
     """The pools a job may grow, cheapest first, of the capacity it may grow (`_allowed`):
     spot for spot jobs, on-demand for on-demand jobs; for `any` jobs, by their deadline, or
@@ -95,9 +97,17 @@ def eligible_pools(
     in two zones, the one that takes nodes back less often goes first. `spot_gone`: the
     spot pools a deadline job cannot get now (out of capacity, or full), for its policy;
     `unavailable` by default. `outlooks`: what has been seen of each spot pool, for the
-    deadline policy (the prior for a pool not in it)."""
+    deadline policy (the prior for a pool not in it). `booting_left_s`: per spot pool, the
+    least boot time left of a node of it that boots now with room (see `_allowed`)."""
     allowed = _allowed(
-        demand, pools, config, now, unavailable, spot_gone=spot_gone, outlooks=outlooks
+        demand,
+        pools,
+        config,
+        now,
+        unavailable,
+        spot_gone=spot_gone,
+        outlooks=outlooks,
+        booting_left_s=booting_left_s,
     )
     risk = risk or {}
     return sorted(
@@ -120,6 +130,7 @@ def _allowed(  # what the decision looks at
     *,
     spot_gone: frozenset[str] | None = None,
     outlooks: Mapping[str, SpotOutlook] | None = None,
+    booting_left_s: Mapping[str, float] | None = None,
 ) -> frozenset[CapacityClass]:
     """The capacity a job may grow. Spot and on-demand jobs: what they asked for. An `any`
     job with a deadline and a known pace: what the deadline policy runs it on (on-demand
@@ -132,7 +143,9 @@ def _allowed(  # what the decision looks at
         return _ON_DEMAND
     if demand.deadline is not None and demand.work_left_s is not None:
         gone = unavailable if spot_gone is None else spot_gone
-        needs = _deadline_needs_on_demand(demand, pools, config, now, gone, outlooks or {})
+        needs = _deadline_needs_on_demand(
+            demand, pools, config, now, gone, outlooks or {}, booting_left_s or {}
+        )
         return _ON_DEMAND if needs else _SPOT
     if (now - demand.queued_at).total_seconds() >= config.any_fallback_after_s:
         return _EITHER
@@ -147,6 +160,7 @@ def _deadline_needs_on_demand(  # noqa: PLR0917  # the decision's inputs, passed
     now: datetime,
     unavailable: frozenset[str],
     outlooks: Mapping[str, SpotOutlook],
+    booting_left_s: Mapping[str, float],
 ) -> bool:
     assert demand.deadline is not None
     assert demand.work_left_s is not None
@@ -164,8 +178,10 @@ def _deadline_needs_on_demand(  # noqa: PLR0917  # the decision's inputs, passed
     decision = queued_decision(
         hours_left=(demand.deadline - now).total_seconds() / 3600,
         work_left_h=demand.work_left_s / 3600,
-        # A start costs a boot (the checkpoint's resume comes on top; not measured yet).
-        restart_overhead_h=min(p.boot_time_s for p in spot) / 3600,
+        # A start costs a boot (the checkpoint's resume comes on top; not measured yet); a
+        # node that boots already costs the rest of its boot, so that waiting for the node
+        # bought for it spends no slack twice (its decision holds while the node boots).
+        restart_overhead_h=min(booting_left_s.get(p.name, p.boot_time_s) for p in spot) / 3600,
         decision_interval_h=config.pass_interval_s / 3600,
         spot_available=any(p.name not in unavailable for p in spot),
         spot_price_ratio=cheapest_spot / cheapest_on_demand if cheapest_on_demand else 1.0,
@@ -400,6 +416,18 @@ def _largest_first(bundles: Sequence[Bundle]) -> tuple[Bundle, ...]:
     return tuple(sorted(bundles, key=lambda b: (b.gpus, b.cpus, b.memory_gb), reverse=True))
 
 
+def _booting_left_s(nodes: Sequence[NodeView], pools: Mapping[str, PoolSpec]) -> dict[str, float]:
+    """Per pool, the least boot time left of its nodes that boot now with GPUs free."""
+    left: dict[str, float] = {}
+    for node in nodes:
+        pool = pools.get(node.pool)
+        if pool is None or node.ready or node.draining or node.free.gpus == 0:
+            continue
+        remaining = max(0.0, pool.boot_time_s - node.age_s)
+        left[node.pool] = min(left.get(node.pool, remaining), remaining)
+    return left
+
+
 def _hold_placed(
     demands: Iterable[Demand], ready: Mapping[str, _Slot | None], room: _FreeRoom
 ) -> tuple[list[str], list[Demand]]:
@@ -530,6 +558,7 @@ def plan(
     # computed once per such set, not once per job.
     eligible: dict[frozenset[CapacityClass], _Eligible] = {}
     in_room, pending = _hold_placed(demands, ready, packing.room)
+    booting_left_s = _booting_left_s(nodes, by_name)
     ordered = placement_order(pending, now)
     # Spot that cannot be had for a deadline job: pools out of capacity, and pools at their
     # limit with no room left on their nodes.
@@ -542,12 +571,19 @@ def plan(
     )
     for demand in ordered:
         allowed = _allowed(
-            demand, pools, config, now, unavailable, spot_gone=spot_full, outlooks=outlooks
+            demand,
+            pools,
+            config,
+            now,
+            unavailable,
+            spot_gone=spot_full,
+            outlooks=outlooks,
+            booting_left_s=booting_left_s,
         )
         choice = eligible.get(allowed)
         if choice is None:
             choice = eligible[allowed] = _choice(
-                demand, pools, config, now, unavailable, risk, spot_full, outlooks
+                demand, pools, config, now, unavailable, risk, spot_full, outlooks, booting_left_s
             )
         if (outcome := _place(demand, choice, packing, config)) is not None:
             blocked.append(outcome)
@@ -606,6 +642,7 @@ def _choice(  # noqa: PLR0917  # plan's inputs, passed on
     risk: Mapping[str, float] | None,
     spot_gone: frozenset[str],
     outlooks: Mapping[str, SpotOutlook] | None,
+    booting_left_s: Mapping[str, float],
 ) -> _Eligible:
     """The pools the demand may grow; with none, those it could but for a stock-out."""
     candidates = eligible_pools(
@@ -617,6 +654,7 @@ def _choice(  # noqa: PLR0917  # plan's inputs, passed on
         risk=risk,
         spot_gone=spot_gone,
         outlooks=outlooks,
+        booting_left_s=booting_left_s,
     )
     stocked_out: tuple[str, ...] = ()
     if not candidates and unavailable:
@@ -889,4 +927,37 @@ def summarize(
         ),
         pools=tuple(rows),
         blocked_jobs=len(decided.blocked),
+        queue=queue_positions(demands, decided, now),
     )
+
+
+def queue_positions(
+    demands: Sequence[Demand], decided: ScalePlan, now: datetime
+) -> tuple[QueuedAttempt, ...]:
+    """Where each queued attempt stands in the platform's order, and why it waits: placed
+    (Ray is starting it), blocked (the reason the decision gave), room on a node that
+    boots, or a node bought for it. Growth of running attempts and room wanted for a move
+    are not attempts in the queue."""
+    blocked = {b.job_id: b for b in decided.blocked}
+    placed = {p.job_id: p.nodes for p in decided.placements}
+    in_room = set(decided.in_room)
+    queued = [
+        d
+        for d in demands
+        if not d.started and not is_growth(d.job_id) and not d.job_id.endswith(".move")
+    ]
+    shown = []
+    for position, demand in enumerate(placement_order(queued, now)[:MAX_QUEUE_SHOWN], start=1):
+        nodes = placed.get(demand.job_id) or (demand.placed_on if demand.job_id in in_room else ())
+        if nodes:
+            why = f"placed on {', '.join(sorted(set(nodes)))}: Ray is starting it"
+        elif (stop := blocked.get(demand.job_id)) is not None:
+            why = f"{stop.reason.value}: {stop.detail}"
+        elif demand.job_id in in_room:
+            why = "its room is on a node that is still booting"
+        else:
+            why = "a node is being bought for it"
+        shown.append(
+            QueuedAttempt(job_id=demand.job_id, attempt=demand.attempt, position=position, why=why)
+        )
+    return tuple(shown)
