@@ -238,6 +238,11 @@ def test_a_deadline_job_keeps_waiting_for_the_spot_node_that_boots_for_it() -> N
     later = plan((spot, on_demand), [booting], [wanted], CONFIG, NOW + timedelta(seconds=6))
     assert (later.target("gpu-spot"), later.target("gpu-od")) == (1, 0)
     assert later.in_room == ("dl",)
+    # Up 10 s after it was bought: the job is placed there, not sent to on-demand.
+    up = booting.model_copy(update={"ready": True, "age_s": 10})
+    placed_on = plan((spot, on_demand), [up], [wanted], CONFIG, NOW + timedelta(seconds=10))
+    assert [(p.job_id, p.nodes) for p in placed_on.placements] == [("dl", ("gpu-spot-1",))]
+    assert placed_on.target("gpu-od") == 0
 
 
 def test_the_queue_says_each_attempts_place_and_why_it_waits() -> None:

@@ -86,7 +86,7 @@ def eligible_pools(
     risk: Mapping[str, float] | None = None,
     spot_gone: frozenset[str] | None = None,
     outlooks: Mapping[str, SpotOutlook] | None = None,
-    booting_left_s: Mapping[str, float] | None = None,
+    spot_room: Mapping[str, Sequence[tuple[int, float]]] | None = None,
 ) -> list[PoolSpec]:
     """The pools a job may grow, cheapest first, of the capacity it may grow (`_allowed`):
     spot for spot jobs, on-demand for on-demand jobs; for `any` jobs, by their deadline, or
@@ -97,8 +97,9 @@ def eligible_pools(
     in two zones, the one that takes nodes back less often goes first. `spot_gone`: the
     spot pools a deadline job cannot get now (out of capacity, or full), for its policy;
     `unavailable` by default. `outlooks`: what has been seen of each spot pool, for the
-    deadline policy (the prior for a pool not in it). `booting_left_s`: per spot pool, the
-    least boot time left of a node of it that boots now with room (see `_allowed`)."""
+    deadline policy (the prior for a pool not in it). `spot_room`: per spot pool, the room
+    its nodes have or will have: (free GPUs, seconds until usable: 0 on a ready node, the
+    rest of its boot on a booting one)."""
     allowed = _allowed(
         demand,
         pools,
@@ -107,7 +108,7 @@ def eligible_pools(
         unavailable,
         spot_gone=spot_gone,
         outlooks=outlooks,
-        booting_left_s=booting_left_s,
+        spot_room=spot_room,
     )
     risk = risk or {}
     return sorted(
@@ -130,7 +131,7 @@ def _allowed(  # what the decision looks at
     *,
     spot_gone: frozenset[str] | None = None,
     outlooks: Mapping[str, SpotOutlook] | None = None,
-    booting_left_s: Mapping[str, float] | None = None,
+    spot_room: Mapping[str, Sequence[tuple[int, float]]] | None = None,
 ) -> frozenset[CapacityClass]:
     """The capacity a job may grow. Spot and on-demand jobs: what they asked for. An `any`
     job with a deadline and a known pace: what the deadline policy runs it on (on-demand
@@ -144,7 +145,7 @@ def _allowed(  # what the decision looks at
     if demand.deadline is not None and demand.work_left_s is not None:
         gone = unavailable if spot_gone is None else spot_gone
         needs = _deadline_needs_on_demand(
-            demand, pools, config, now, gone, outlooks or {}, booting_left_s or {}
+            demand, pools, config, now, gone, outlooks or {}, spot_room or {}
         )
         return _ON_DEMAND if needs else _SPOT
     if (now - demand.queued_at).total_seconds() >= config.any_fallback_after_s:
@@ -160,7 +161,7 @@ def _deadline_needs_on_demand(  # noqa: PLR0917  # the decision's inputs, passed
     now: datetime,
     unavailable: frozenset[str],
     outlooks: Mapping[str, SpotOutlook],
-    booting_left_s: Mapping[str, float],
+    spot_room: Mapping[str, Sequence[tuple[int, float]]],
 ) -> bool:
     assert demand.deadline is not None
     assert demand.work_left_s is not None
@@ -178,10 +179,11 @@ def _deadline_needs_on_demand(  # noqa: PLR0917  # the decision's inputs, passed
     decision = queued_decision(
         hours_left=(demand.deadline - now).total_seconds() / 3600,
         work_left_h=demand.work_left_s / 3600,
-        # A start costs a boot (the checkpoint's resume comes on top; not measured yet); a
-        # node that boots already costs the rest of its boot, so that waiting for the node
-        # bought for it spends no slack twice (its decision holds while the node boots).
-        restart_overhead_h=min(booting_left_s.get(p.name, p.boot_time_s) for p in spot) / 3600,
+        # A start costs a boot (the checkpoint's resume comes on top; not measured yet);
+        # room on a node that is up costs none, and on one that boots the rest of its boot:
+        # waiting for the node bought for it spends no slack twice, so its decision holds
+        # while the node boots and once it is up.
+        restart_overhead_h=min(_start_s(p, demand, spot_room) for p in spot) / 3600,
         decision_interval_h=config.pass_interval_s / 3600,
         spot_available=any(p.name not in unavailable for p in spot),
         spot_price_ratio=cheapest_spot / cheapest_on_demand if cheapest_on_demand else 1.0,
@@ -416,16 +418,31 @@ def _largest_first(bundles: Sequence[Bundle]) -> tuple[Bundle, ...]:
     return tuple(sorted(bundles, key=lambda b: (b.gpus, b.cpus, b.memory_gb), reverse=True))
 
 
-def _booting_left_s(nodes: Sequence[NodeView], pools: Mapping[str, PoolSpec]) -> dict[str, float]:
-    """Per pool, the least boot time left of its nodes that boot now with GPUs free."""
-    left: dict[str, float] = {}
+def _spot_room(
+    nodes: Sequence[NodeView], pools: Mapping[str, PoolSpec]
+) -> dict[str, list[tuple[int, float]]]:
+    """Per spot pool, each node's free GPUs and the seconds until they are usable."""
+    room: dict[str, list[tuple[int, float]]] = {}
     for node in nodes:
         pool = pools.get(node.pool)
-        if pool is None or node.ready or node.draining or node.free.gpus == 0:
+        if pool is None or pool.capacity is not CapacityClass.SPOT or node.draining:
             continue
-        remaining = max(0.0, pool.boot_time_s - node.age_s)
-        left[node.pool] = min(left.get(node.pool, remaining), remaining)
-    return left
+        if node.free.gpus > 0:
+            left = 0.0 if node.ready else max(0.0, pool.boot_time_s - node.age_s)
+            room.setdefault(node.pool, []).append((node.free.gpus, left))
+    return room
+
+
+def _start_s(
+    pool: PoolSpec, demand: Demand, spot_room: Mapping[str, Sequence[tuple[int, float]]]
+) -> float:
+    """How soon the demand could start on the pool: on room a node has or will have for
+    its largest bundle, else on a new node (a boot)."""
+    needs = max(bundle.gpus for bundle in demand.bundles)
+    return min(
+        (left for gpus, left in spot_room.get(pool.name, ()) if gpus >= needs),
+        default=pool.boot_time_s,
+    )
 
 
 def _hold_placed(
@@ -558,7 +575,7 @@ def plan(
     # computed once per such set, not once per job.
     eligible: dict[frozenset[CapacityClass], _Eligible] = {}
     in_room, pending = _hold_placed(demands, ready, packing.room)
-    booting_left_s = _booting_left_s(nodes, by_name)
+    spot_room = _spot_room(nodes, by_name)
     ordered = placement_order(pending, now)
     # Spot that cannot be had for a deadline job: pools out of capacity, and pools at their
     # limit with no room left on their nodes.
@@ -578,12 +595,12 @@ def plan(
             unavailable,
             spot_gone=spot_full,
             outlooks=outlooks,
-            booting_left_s=booting_left_s,
+            spot_room=spot_room,
         )
         choice = eligible.get(allowed)
         if choice is None:
             choice = eligible[allowed] = _choice(
-                demand, pools, config, now, unavailable, risk, spot_full, outlooks, booting_left_s
+                demand, pools, config, now, unavailable, risk, spot_full, outlooks, spot_room
             )
         if (outcome := _place(demand, choice, packing, config)) is not None:
             blocked.append(outcome)
@@ -642,7 +659,7 @@ def _choice(  # noqa: PLR0917  # plan's inputs, passed on
     risk: Mapping[str, float] | None,
     spot_gone: frozenset[str],
     outlooks: Mapping[str, SpotOutlook] | None,
-    booting_left_s: Mapping[str, float],
+    spot_room: Mapping[str, Sequence[tuple[int, float]]],
 ) -> _Eligible:
     """The pools the demand may grow; with none, those it could but for a stock-out."""
     candidates = eligible_pools(
@@ -654,7 +671,7 @@ def _choice(  # noqa: PLR0917  # plan's inputs, passed on
         risk=risk,
         spot_gone=spot_gone,
         outlooks=outlooks,
-        booting_left_s=booting_left_s,
+        spot_room=spot_room,
     )
     stocked_out: tuple[str, ...] = ()
     if not candidates and unavailable:
