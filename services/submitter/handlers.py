@@ -48,7 +48,7 @@ from shared.events.data import (
 from shared.events.types import CapacityClass
 from shared.messaging import EventPublisher, HandlerWithDeps, RetryLater, Unhandleable
 from shared.pools import gpu_hour_usd
-from shared.teams import Teams, quota_class
+from shared.teams import Teams
 
 SERVICE = "submitter"
 log = structlog.get_logger()
@@ -120,12 +120,10 @@ async def on_job_requested(event: Event[JobRequested], deps: Deps) -> None:
         )
         log.info("job.waiting_for_quota", team=record.team, reason=record.waiting_for)
         return
-    first = record.attempts[0]
-    if record.current is not first or first.state is not AttemptState.QUEUED:
-        # The job has moved on, so its answer went out before: a replay, days later, must
-        # not queue demand again for a job that ran.
+    if not policy.answers_request(record):
         log.info("job.request_repeated", state=record.state.value)
         return
+    first = record.attempts[0]
     await _publish(
         deps,
         JobAccepted(job_id=record.job_id, owner=request.owner, experiment=request.experiment),
@@ -176,7 +174,7 @@ async def on_job_cancel_requested(event: Event[JobCancelRequested], deps: Deps) 
     transition = policy.cancel(record, deps.clock.now())
     await _apply(transition, revision, deps)
     attempt = transition.record.current
-    if transition.record.cancel_requested and attempt and attempt.state in _LIVE:
+    if transition.record.cancel_requested and attempt and policy.in_ray(attempt):
         await deps.ray.stop(attempt.submission_id)
     log.info("job.cancel_requested", requested_by=event.data.requested_by)
 
@@ -191,7 +189,7 @@ async def on_job_resumed(event: Event[JobResumed], deps: Deps) -> None:
         raise Unhandleable(msg)
     record, revision = found
     lost = record.current
-    if lost is not None and lost.number + 1 == resumed.attempt and lost.state in _LIVE:
+    if lost is not None and lost.number + 1 == resumed.attempt and policy.in_ray(lost):
         # Ray may know better than the record: an attempt that ended on its own (success,
         # its own error) just before its node went is not resumed as if preempted.
         await _track(record, lost, revision, deps)
@@ -202,7 +200,7 @@ async def on_job_resumed(event: Event[JobResumed], deps: Deps) -> None:
         record, revision = found
         lost = record.current
     transition = policy.resume(record, resumed, deps.clock.now())
-    if transition.reason is Reason.RESUMED and lost is not None and lost.state in _LIVE:
+    if transition.reason is Reason.RESUMED and lost is not None and policy.in_ray(lost):
         # Whatever survives of it (a driver on a live node, a half-dead job) must not
         # write checkpoints beside the next attempt.
         await deps.ray.stop(lost.submission_id)
@@ -230,7 +228,7 @@ async def on_job_failed(event: Event[JobFailed], deps: Deps) -> None:
     record, revision = found
     lost = record.current
     transition = policy.abandon(record, event.data, deps.clock.now())
-    if transition.reason is Reason.ABANDONED and lost is not None and lost.state in _LIVE:
+    if transition.reason is Reason.ABANDONED and lost is not None and policy.in_ray(lost):
         await deps.ray.stop(lost.submission_id)
     await _apply(transition, revision, deps)
 
@@ -244,12 +242,7 @@ async def track_attempts(deps: Deps) -> None:
     records = await deps.store.all()
     for record, revision in records:
         attempt = record.current
-        if (
-            record.is_active
-            and attempt is not None
-            and attempt.state in _LIVE
-            and record.waiting_for is None
-        ):
+        if attempt is not None and policy.tracked(record):
             with structlog.contextvars.bound_contextvars(job_id=record.job_id):
                 if await _stop_past_max_hours(record, revision, attempt, deps):
                     continue  # tracked from its new revision on the next pass
@@ -354,9 +347,6 @@ async def _check_workers(
         deps.worker_checks.pop(attempt.submission_id, None)
         await deps.ray.stop(attempt.submission_id)
     return transition.record, new_revision
-
-
-_LIVE = (AttemptState.SUBMITTED, AttemptState.RUNNING)
 
 
 async def _admit(event: Event[JobRequested], deps: Deps) -> tuple[JobRecord, Revision]:
@@ -526,12 +516,10 @@ async def admit_waiting(deps: Deps) -> None:
         in_use[owner] = in_use.get(owner, 0) + policy.owner_gpus_in_use([record], owner)
     # A job that must wait says that a later one of its team and class, no smaller and no
     # higher, waits too: one decision each, not one per waiting job, per pass.
-    blocked: dict[tuple[str | None, CapacityClass], tuple[int, int]] = {}
+    blocked: dict[policy.WaitingClass, tuple[int, int]] = {}
     for record in policy.waiting_order(records.values()):
         owner = record.request.owner
-        where = (record.team, quota_class(record.request.capacity))
-        seen = blocked.get(where)
-        if seen is not None and record.gpus >= seen[0] and record.request.priority <= seen[1]:
+        if policy.waits_behind(record, blocked):
             continue
         with structlog.contextvars.bound_contextvars(job_id=record.job_id):
             over = policy.owner_over_quota(record.request, in_use.get(owner, 0), deps.quotas)
@@ -541,7 +529,7 @@ async def admit_waiting(deps: Deps) -> None:
             elif deps.teams is not None and deps.holds is not None:
                 decision = await _admit_in_team(record.request, records, deps)
                 if not isinstance(decision, policy.Accept):
-                    blocked[where] = (record.gpus, record.request.priority)
+                    blocked[policy.waiting_class(record)] = (record.gpus, record.request.priority)
             else:
                 decision = policy.Accept(gpus=record.gpus)
             if isinstance(decision, policy.Accept):

@@ -601,3 +601,49 @@ def test_a_report_says_the_group_is_up() -> None:
     current = progressed.record.current
     assert current is not None
     assert current.short_of_workers_since is None
+
+
+def _at(record: JobRecord, state: AttemptState, **fields: object) -> JobRecord:
+    attempt = record.attempts[-1].model_copy(update={"state": state})
+    return record.model_copy(update={"attempts": (attempt,), **fields})
+
+
+@pytest.mark.parametrize(
+    ("state", "fields", "answered", "tracked"),
+    [
+        pytest.param(AttemptState.QUEUED, {}, True, False, id="queued"),
+        pytest.param(AttemptState.SUBMITTED, {}, False, True, id="handed-to-ray"),
+        pytest.param(AttemptState.RUNNING, {}, False, True, id="running"),
+        pytest.param(AttemptState.SUCCEEDED, {}, False, False, id="ended"),
+        pytest.param(
+            AttemptState.SUBMITTED, {"waiting_for": "quota"}, False, False, id="gave-way-waits"
+        ),
+    ],
+)
+def test_what_a_repeated_request_and_the_tracker_do_with_an_attempt(
+    state: AttemptState, fields: dict[str, object], answered: bool, tracked: bool
+) -> None:
+    """A repeat is answered while the first attempt waits in the queue; the tracker asks
+    Ray only about attempts Ray holds."""
+    record = _at(waiting_record(), state, **fields)
+    assert policy.answers_request(record) is answered
+    assert policy.tracked(record) is tracked
+
+
+@pytest.mark.parametrize(
+    ("gpus", "priority", "expected"),
+    [
+        pytest.param(2, 5, True, id="as-large-and-as-urgent-waits-too"),
+        pytest.param(4, 3, True, id="larger-and-lower-waits-too"),
+        pytest.param(1, 5, False, id="smaller-is-looked-at"),
+        pytest.param(2, 7, False, id="more-urgent-is-looked-at"),
+    ],
+)
+def test_a_waiting_job_behind_one_of_its_class_that_had_to_wait(
+    gpus: int, priority: int, expected: bool
+) -> None:
+    record = waiting_record(request(gpus, priority=priority, capacity=CapacityClass.SPOT))
+    record = record.model_copy(update={"team": "vision"})
+    blocked = {policy.waiting_class(record): (2, 5)}
+    assert policy.waits_behind(record, blocked) is expected
+    assert not policy.waits_behind(record, {("nlp", CapacityClass.SPOT): (1, 9)})

@@ -1,0 +1,162 @@
+"""The submitter's decisions, pure: no I/O, no clock, no ids. By theme:
+
+- `admission`: quotas per job and per owner, the queue depth, a job's first record;
+- `holds`: team quotas and budgets, and waiting jobs given quota as it frees;
+- `queue`: the platform's queue, the placement that hands an attempt to Ray, and an
+  attempt Ray never started going back to the queue;
+- `attempts`: what Ray gets, how the record moves as Ray and training report, resumes,
+  cancellations, the end;
+- `give_way`: jobs asked to checkpoint and stop for other work;
+- `access`: who may cancel or read a job;
+- `transitions`: the record's next state and the facts to publish, shared by all.
+
+Handlers load, call these, act and publish; they decide nothing themselves.
+"""
+
+from services.submitter.policy.access import (
+    may_read,
+    who_may_not_cancel,
+)
+from services.submitter.policy.admission import (
+    Accept,
+    Admission,
+    Quotas,
+    Reject,
+    WaitForQuota,
+    admit,
+    first_attempt,
+    max_hours_of,
+    new_record,
+    owner_gpus_in_use,
+    owner_over_quota,
+    owner_waiting,
+    unknown_secrets_detail,
+)
+from services.submitter.policy.attempts import (
+    RAY_TRAIN_ON_SPOT,
+    abandon,
+    cancel,
+    classify_failure,
+    eta_s,
+    is_multi_node,
+    on_progress,
+    on_ray_status,
+    on_workers_seen,
+    past_max_hours,
+    plan_submission,
+    resume,
+    tracked,
+    wants_worker_nodes,
+    workers_stalled,
+)
+from services.submitter.policy.give_way import (
+    GIVE_WAY,
+    gave_way_message,
+    gave_way_queued,
+    give_way,
+    give_way_overdue,
+)
+from services.submitter.policy.holds import (
+    Money,
+    WaitingClass,
+    admit_in_team,
+    holdings_of,
+    quota_freed,
+    released,
+    stale_holds,
+    teams_status,
+    waiting_class,
+    waiting_order,
+    waits_behind,
+)
+from services.submitter.policy.queue import (
+    answers_request,
+    lost_nodes,
+    never_started,
+    placed,
+    queued_event,
+    requeue,
+)
+from services.submitter.policy.transitions import (
+    Fact,
+    Reason,
+    Transition,
+    cancel_attempt,
+    checkpoint_uri,
+    end_attempt,
+    in_ray,
+    interrupt,
+    started_fact,
+    submission_id,
+    unseen_start,
+    with_attempt,
+    with_driver_node,
+)
+
+__all__ = [
+    "GIVE_WAY",
+    "RAY_TRAIN_ON_SPOT",
+    "Accept",
+    "Admission",
+    "Fact",
+    "Money",
+    "Quotas",
+    "Reason",
+    "Reject",
+    "Transition",
+    "WaitForQuota",
+    "WaitingClass",
+    "abandon",
+    "admit",
+    "admit_in_team",
+    "answers_request",
+    "cancel",
+    "cancel_attempt",
+    "checkpoint_uri",
+    "classify_failure",
+    "end_attempt",
+    "eta_s",
+    "first_attempt",
+    "gave_way_message",
+    "gave_way_queued",
+    "give_way",
+    "give_way_overdue",
+    "holdings_of",
+    "in_ray",
+    "interrupt",
+    "is_multi_node",
+    "lost_nodes",
+    "max_hours_of",
+    "may_read",
+    "never_started",
+    "new_record",
+    "on_progress",
+    "on_ray_status",
+    "on_workers_seen",
+    "owner_gpus_in_use",
+    "owner_over_quota",
+    "owner_waiting",
+    "past_max_hours",
+    "placed",
+    "plan_submission",
+    "queued_event",
+    "quota_freed",
+    "released",
+    "requeue",
+    "resume",
+    "stale_holds",
+    "started_fact",
+    "submission_id",
+    "teams_status",
+    "tracked",
+    "unknown_secrets_detail",
+    "unseen_start",
+    "waiting_class",
+    "waiting_order",
+    "waits_behind",
+    "wants_worker_nodes",
+    "who_may_not_cancel",
+    "with_attempt",
+    "with_driver_node",
+    "workers_stalled",
+]
