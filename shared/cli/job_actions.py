@@ -99,25 +99,28 @@ def submit(params: Mapping[str, Any]) -> None:
 
 
 def sweep_requests(
-    params: Mapping[str, Any], script: str, args: list[str], workdir: Path
+    params: Mapping[str, Any],
+    script: str,
+    args: list[str],
+    source: str,
+    entrypoint_of: Callable[[list[str]], list[str]],
 ) -> list[JobRequested]:
     """The requests of a sweep, one per point, validated before anything is uploaded: the
     job ids `<base>-<n>`, the experiment (`--experiment`, else the base id), each point's
-    values as labels. A bad sweep is a one-line `CliError`."""
+    values as labels. `source`: the script's text; `entrypoint_of`: the command of a
+    point's arguments. A bad sweep is a one-line `CliError`."""
     if params.get("job_id") is not None or params.get("wait"):
         raise CliError("--sweep names its jobs and is followed with watch --experiment", 2)
-    source = script_source(script, workdir)
     try:
         grid = sweep.points(sweep.parse_axes(list(params["sweep"])), args, source)
     except sweep.SweepError as error:
         raise CliError(str(error), 2) from None
-    base = new_job_id(script_entrypoint(script, args, workdir))
+    base = new_job_id(entrypoint_of(args))
     experiment = params["experiment"] or base
     requests = []
     for point in grid:
         fields = request_fields(
-            {**params, **point.options, "experiment": experiment},
-            script_entrypoint(script, list(point.args), workdir),
+            {**params, **point.options, "experiment": experiment}, entrypoint_of(list(point.args))
         )
         fields["job_id"] = sweep.point_job_id(base, point.index, len(grid))
         fields["labels"] = {
@@ -133,7 +136,13 @@ def sweep_requests(
 def submit_sweep(params: Mapping[str, Any], script: str, args: list[str], workdir: Path) -> None:
     """`spotrain submit --sweep`: every point submitted at once, each answered; prints
     each job id, then a summary, the experiment last."""
-    requests = sweep_requests(params, script, args, workdir)
+    requests = sweep_requests(
+        params,
+        script,
+        args,
+        script_source(script, workdir),
+        lambda point_args: script_entrypoint(script, point_args, workdir),
+    )
 
     async def go() -> dict[str, Any]:
         async with await SpotrainClient.connect() as client:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -27,6 +27,7 @@ from shared.cli.job_actions import (
     require_ray_train,
     script_entrypoint,
     script_source,
+    sweep_requests,
 )
 from shared.cli.jobs import submit as cli_submit
 from shared.client import SpotrainClient, current_user
@@ -49,6 +50,8 @@ class SubmitOptions:
     script: str
     """The script run by `python`: the named one, or the cell's file."""
     wait: bool
+    sweep: tuple[JobRequested, ...] = ()
+    """A sweep's requests (`--sweep`), one per point; `fields` is then its first point's."""
 
 
 @dataclass(frozen=True)
@@ -61,8 +64,35 @@ class SubmittedJob:
     """False when the submitter had not answered in time: the request is stored and waits."""
     record: JobRecord | None = None
     """The final record, when the submission waited for the end (`--wait`)."""
+    sweep: tuple[str, ...] = ()
+    """A sweep's job ids (`job_id` is then its experiment)."""
+    rejected: tuple[str, ...] = ()
+    """Why points of a sweep were refused, each `<job id>: <detail>`."""
+
+    @classmethod
+    def of_sweep(cls, requests: Sequence[JobRequested], answers: Mapping[str, Any]) -> SubmittedJob:
+        rejected = tuple(
+            f"{job_id}: {answer.data.detail}"
+            for job_id, answer in sorted(answers.items())
+            if answer is not None and isinstance(answer.data, JobRejected)
+        )
+        return cls(
+            job_id=requests[0].experiment or requests[0].job_id,
+            request=requests[0],
+            answered=all(answer is not None for answer in answers.values()),
+            sweep=tuple(r.job_id for r in requests),
+            rejected=rejected,
+        )
 
     def summary(self) -> str:
+        if self.sweep:
+            refused = (
+                f", {len(self.rejected)} rejected ({self.rejected[0]})" if self.rejected else ""
+            )
+            return (
+                f"sweep {self.job_id}: {len(self.sweep)} jobs{refused} · follow it: "
+                f"spotrain watch --experiment {self.job_id}"
+            )
         if self.record is not None:
             return f"{self.job_id}: {self.record.state.value}"
         state = "accepted" if self.answered else "requested (the submitter has not answered yet)"
@@ -99,6 +129,19 @@ def parse_submit(argv: Sequence[str], *, cell: str | None = None) -> SubmitOptio
     entrypoint = (
         ["python", script, *args] if cell is not None else script_entrypoint(script, args, workdir)
     )
+    if params.get("sweep"):
+        source = cell if cell is not None else script_source(script, workdir)
+
+        def entrypoint_of(point_args: list[str]) -> list[str]:
+            if cell is not None:
+                return ["python", script, *point_args]
+            return script_entrypoint(script, point_args, workdir)
+
+        points = sweep_requests(params, script, args, source, entrypoint_of)
+        first = points[0].model_dump(exclude={"working_dir"})
+        return SubmitOptions(
+            fields=first, workdir=workdir, script=script, wait=False, sweep=tuple(points)
+        )
     fields = request_fields(params, entrypoint)
     if fields["max_workers"] is not None:
         source = cell if cell is not None else script_source(script, workdir)
@@ -143,6 +186,10 @@ async def submit(
                 working_dir = await client.upload_workspace(root)
             except WorkspaceError as error:
                 raise CliError(str(error), 2) from None
+        if options.sweep:
+            shipped = [r.model_copy(update={"working_dir": working_dir}) for r in options.sweep]
+            answers = await client.submit_many(shipped)
+            return SubmittedJob.of_sweep(shipped, answers)
         request = build_request({**options.fields, "working_dir": working_dir})
         answer = await client.submit(request)
     if answer is not None and isinstance(answer.data, JobRejected):

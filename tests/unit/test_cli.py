@@ -69,6 +69,30 @@ from tests.cli import spotrain
             id="workers-range-of-a-plain-script",
         ),
         pytest.param(
+            ["submit", "train_digits.py", "--workdir", "examples", "--sweep", "dropout=0.1"],
+            "--sweep dropout is neither a submit option",
+            id="sweep-key-the-script-does-not-take",
+        ),
+        pytest.param(
+            ["submit", "train_digits.py", "--workdir", "examples", "--sweep", "lr="],
+            "--sweep lr: give its values, none empty",
+            id="sweep-empty-values",
+        ),
+        pytest.param(
+            [
+                *("submit", "train_digits.py", "--workdir", "examples"),
+                *("--sweep", "lr=" + ",".join(map(str, range(50)))),
+                *("--sweep", "seed=" + ",".join(map(str, range(30)))),
+            ],
+            "the sweep has 1500 points (50 x 30); the most one sweep may have is 1000",
+            id="sweep-past-its-limit",
+        ),
+        pytest.param(
+            ["submit", "train_digits.py", "--workdir", "examples", "--sweep", "lr=1,2", "--wait"],
+            "--sweep names its jobs and is followed with watch --experiment",
+            id="sweep-with-wait",
+        ),
+        pytest.param(
             ["up", "--spot-market", "nope=tests/data/spot/tiny.json"],
             "--spot-market nope: no such pool",
             id="market-of-no-pool",

@@ -263,3 +263,24 @@ def test_a_cell_with_an_elastic_range_must_be_ray_train(
         return
     with pytest.raises(CliError, match="needs a Ray Train script"):
         parse_submit(["--workers", "2..4"], cell=cell)
+
+
+def test_a_cell_sweeps_its_own_arguments_as_the_cli_does(workdir: Path) -> None:
+    """`%%spotrain --sweep lr=...`: the cell's argparse names the keys; one job a point."""
+    cell = "import argparse\np = argparse.ArgumentParser()\np.add_argument('--lr')\n"
+    options = parse_submit(
+        ["--gpus", "1", "--experiment", "nb-grid", "--sweep", "lr=0.1,0.2,0.3"], cell=cell
+    )
+    assert options is not None
+    assert [r.entrypoint for r in options.sweep] == [
+        ("python", CELL_SCRIPT, "--lr", "0.1"),
+        ("python", CELL_SCRIPT, "--lr", "0.2"),
+        ("python", CELL_SCRIPT, "--lr", "0.3"),
+    ]
+    assert {r.experiment for r in options.sweep} == {"nb-grid"}
+    assert len({r.job_id for r in options.sweep}) == 3
+
+
+def test_a_sweep_key_the_script_does_not_take_is_one_line(workdir: Path) -> None:
+    with pytest.raises(CliError, match="--sweep dropout is neither a submit option"):
+        parse_submit(["train.py", "--sweep", "dropout=0.1,0.2"])
