@@ -35,6 +35,8 @@ class SubmitterSettings(RuntimeSettings):
     """GPUs one person's admitted jobs may hold at once; more of theirs wait in the queue."""
     max_waiting_per_owner: int = Field(1000, ge=0)
     """Jobs one person may have waiting for their quota (room for a sweep of 1,000)."""
+    admission_view_max_age_s: float = Field(1.0, ge=0)
+    """How old the job records may be that a burst of requests is admitted from."""
     teams_file: Path | None = Field(
         None,
         validation_alias=AliasChoices("SPOTRAIN_SUBMITTER_TEAMS_FILE", "SPOTRAIN_TEAMS_FILE"),

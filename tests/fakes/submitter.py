@@ -30,6 +30,8 @@ class InMemoryJobStore:
     def __init__(self) -> None:
         self.records: dict[str, tuple[JobRecord, Revision]] = {}
         self._revision = 0
+        self.reads = 0
+        """How often every record was read (`all`)."""
 
     def _next(self) -> Revision:
         self._revision += 1
@@ -54,6 +56,7 @@ class InMemoryJobStore:
         return new_revision
 
     async def all(self) -> list[tuple[JobRecord, Revision]]:
+        self.reads += 1
         records = list(self.records.values())
         # A real bucket answers over the network: others run while the answer travels.
         await asyncio.sleep(0)

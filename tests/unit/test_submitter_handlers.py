@@ -546,3 +546,19 @@ async def test_a_resume_of_an_attempt_that_had_failed_by_its_own_code_is_refused
     assert [plan.submission_id for plan, _ in ray(deps).submitted] == ["job-u-1"]
     assert isinstance(deps.store, InMemoryJobStore)
     assert deps.store.state_of("job-u") == "failed"
+
+
+async def test_a_burst_is_admitted_from_one_read_of_the_records_and_its_own_admissions(
+    deps: Deps,
+) -> None:
+    """Fifty requests at once: the bucket is read once, and each admission sees those
+    this replica made since, so the owner's quota still holds within the burst."""
+    store = deps.store
+    assert isinstance(store, InMemoryJobStore)
+    deps = replace(deps, admission_view_max_age_s=60.0)
+    await asyncio.gather(
+        *(on_job_requested(job_requested(f"j-{n}", worker={"gpus": 1}), deps) for n in range(50))
+    )
+    assert store.reads == 1
+    queued = [data for kind, data in published(deps) if kind == "queued"]
+    assert len(queued) == 4, "the owner's quota of 4 GPUs, no more"
