@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
 import sys
+import time
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from shared.client import SpotrainClient
+from shared.jobs import JobRecord
 from shared.localstack.ports import free_port, free_port_below, free_port_block
 from shared.localstack.processes import ProcessRecord
 
@@ -78,3 +83,20 @@ def prometheus_get(url: str) -> list[dict[str, Any]]:
     assert body["status"] == "success", body
     result: list[dict[str, Any]] = body["data"]["result"]
     return result
+
+
+async def until(
+    client: SpotrainClient,
+    job_id: str,
+    what: str,
+    ok: Callable[[JobRecord], bool],
+    timeout_s: float = 120,
+) -> JobRecord:
+    """The job's record once `ok` holds, read four times a second; fails naming `what`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        record = await client.job(job_id)
+        if record is not None and ok(record):
+            return record
+        assert time.monotonic() < deadline, f"{job_id}: no {what}: {record}"
+        await asyncio.sleep(0.25)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,7 +21,7 @@ from shared.jobs import JobRecord, JobState
 from shared.localstack.nodes import kill_node
 from shared.localstack.processes import ProcessRecord
 from shared.messaging import BusSettings
-from tests.e2e.stack import spotrain, stack_env
+from tests.e2e.stack import spotrain, stack_env, until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -71,18 +70,6 @@ def submit(env: dict[str, str], workdir: Path, *args: str) -> str:
     return done.stdout.split()[-1]
 
 
-async def until(
-    client: SpotrainClient, job_id: str, what: str, ok: Any, timeout_s: float = 180
-) -> JobRecord:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        record = await client.job(job_id)
-        if record is not None and ok(record):
-            return record
-        assert time.monotonic() < deadline, f"{job_id}: no {what}: {record}"
-        await asyncio.sleep(0.25)
-
-
 @pytest.fixture
 def workdir(tmp_path: Path) -> Path:
     folder = tmp_path / "project"
@@ -117,8 +104,8 @@ def test_held_jobs_wait_past_rays_start_timeout_then_run_in_the_platforms_order(
             assert shown.returncode == 0, shown.stderr
             # One node's worth of budget: the two jobs share it, one after the other.
             restart_scaler(env, budget_per_hour_usd=0.5)
-            done_high = await until(client, high, "success", lambda r: not r.is_active)
-            done_low = await until(client, low, "success", lambda r: not r.is_active)
+            done_high = await until(client, high, "end", lambda r: not r.is_active, 180)
+            done_low = await until(client, low, "end", lambda r: not r.is_active, 180)
             return done_high, done_low
 
     done_high, done_low = asyncio.run(story())

@@ -17,11 +17,11 @@ import pytest
 
 from shared.client import SpotrainClient, current_user
 from shared.events.data import InterruptionCause
-from shared.jobs import AttemptState, JobRecord, JobState
+from shared.jobs import AttemptState, JobState
 from shared.localstack.nodes import kill_node
 from shared.localstack.processes import ProcessRecord
 from shared.messaging import BusSettings
-from tests.e2e.stack import spotrain
+from tests.e2e.stack import spotrain, until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 
@@ -64,18 +64,6 @@ def submit(env: dict[str, str], workdir: Path, *args: str) -> str:
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     return done.stdout.split()[-1]
-
-
-async def until(
-    client: SpotrainClient, job_id: str, what: str, ok: object, timeout_s: float = 120
-) -> JobRecord:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        record = await client.job(job_id)
-        if record is not None and ok(record):  # type: ignore[operator]
-            return record
-        assert time.monotonic() < deadline, f"{job_id}: no {what}: {record}"
-        await asyncio.sleep(0.25)
 
 
 def test_a_high_priority_job_makes_a_running_one_checkpoint_and_give_way(
