@@ -178,20 +178,28 @@ def submit_sweep(params: Mapping[str, Any], script: str, args: list[str], workdi
 def list_jobs(everyone: bool, output: Output) -> None:
     """What `spotrain ls` does."""
 
-    async def go(client: SpotrainClient) -> tuple[list[JobRecord], dict[str, CostRow]]:
-        records, ledger = await asyncio.gather(client.jobs(), client.costs())
-        return records, job_costs(ledger)
+    async def go(
+        client: SpotrainClient,
+    ) -> tuple[list[JobRecord], dict[str, CostRow], PoolsStatus | None]:
+        records, ledger, pools = await asyncio.gather(client.jobs(), client.costs(), client.pools())
+        return records, job_costs(ledger), pools
 
-    records, costs = _run(lambda: _with_client(go))
+    records, costs, pools = _run(lambda: _with_client(go))
     me = current_user()
     now = datetime.now(UTC)
     shown = [record for record in records if everyone or record.request.owner == me]
     with_deadlines = any(record.request.deadline is not None for record in shown)
-    rows = [_job_row(record, costs.get(record.job_id), now) for record in shown]
+    places = {record.job_id: _queue_place(record, pools) for record in shown}
+    rows = [
+        _job_row(record, costs.get(record.job_id), now) | {"queue": places[record.job_id] or ""}
+        for record in shown
+    ]
     columns = [
         # Read and copied: the id and the state, whatever the width.
         Column("job"),
         Column("state", style=_state_style),
+        # Where a queued job stands (`show` says why it waits).
+        *([Column("queue", priority=1)] if any(places.values()) else []),
         Column("cost", priority=1),
         *([Column("deadline", priority=1, style=_late_style)] if with_deadlines else []),
         Column("gpus", priority=2),
@@ -214,6 +222,7 @@ def list_jobs(everyone: bool, output: Output) -> None:
             "deadline": record.request.deadline.isoformat() if record.request.deadline else None,
             "experiment": record.request.experiment,
             "owner": record.request.owner,
+            "queue": places[record.job_id],
         }
         for record in shown
     ]
@@ -310,6 +319,15 @@ def describe(
         after = record.attempts[index + 1] if index + 1 < len(record.attempts) else None
         lines.append("  " + _attempt_line(attempt, after, by_attempt.get(attempt.number)))
     return lines
+
+
+def _queue_place(record: JobRecord, status: PoolsStatus | None) -> str | None:
+    """`#3 of 40` for an attempt in the platform's queue, as the scaler last placed it."""
+    attempt = record.current
+    if status is None or attempt is None or attempt.state is not AttemptState.QUEUED:
+        return None
+    place = status.place_of(record.job_id, attempt.number)
+    return f"#{place.position} of {len(status.queue)}" if place is not None else None
 
 
 def _queue_line(record: JobRecord, status: PoolsStatus | None) -> list[str]:

@@ -102,6 +102,10 @@ def test_held_jobs_wait_past_rays_start_timeout_then_run_in_the_platforms_order(
             assert ray_submissions(env) == [], "nothing of a queued job is in Ray"
             shown = spotrain(env, "show", low)
             assert shown.returncode == 0, shown.stderr
+            assert "queue: #2 of 2: over-budget: " in shown.stdout, shown.stdout
+            listed = spotrain(env, "ls", "-o", "json")
+            places = {row["job"]: row["queue"] for row in json.loads(listed.stdout)}
+            assert (places[high], places[low]) == ("#1 of 2", "#2 of 2")
             # One node's worth of budget: the two jobs share it, one after the other.
             restart_scaler(env, budget_per_hour_usd=0.5)
             done_high = await until(client, high, "end", lambda r: not r.is_active, 180)
