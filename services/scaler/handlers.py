@@ -16,6 +16,7 @@ import structlog
 from services.scaler import metrics, policy
 from services.scaler.model import BlockedReason, Demand, PoolSpec, ScalePlan, ScalerConfig
 from services.scaler.policy import elastic
+from services.scaler.policy.elastic import move_demand_id
 from services.scaler.ports import (
     ClusterObserver,
     CostEventFeed,
@@ -141,13 +142,6 @@ async def on_job_move_requested(event: Event[JobMoveRequested], deps: Deps) -> N
         )
     )
     log.info("demand.move", job_id=wanted.job_id, capacity=wanted.capacity.value)
-
-
-_MOVE_SUFFIX = ".move"
-
-
-def move_demand_id(job_id: str) -> str:
-    return f"{job_id}{_MOVE_SUFFIX}"
 
 
 async def on_job_resized(event: Event[JobResized], deps: Deps) -> None:
@@ -301,8 +295,6 @@ async def _hand_over(deps: Deps, demands: Sequence[Demand], decided: ScalePlan) 
     by_id = {demand.job_id: demand for demand in demands}
     for placement in decided.placements:
         demand = by_id[placement.job_id]
-        if elastic.is_growth(demand.job_id) or demand.job_id.endswith(_MOVE_SUFFIX):
-            continue  # room for a running attempt's Ray Train, or a move: no attempt to hand
         digest = hashlib.sha256(",".join(placement.nodes).encode()).hexdigest()[:12]
         placed = JobPlaced(
             job_id=placement.job_id,

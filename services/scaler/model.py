@@ -194,8 +194,9 @@ class ScalePlan(Frozen):
     """The demands that fit in room the nodes have now, placed before any node was bought
     in this decision (whose room would count too)."""
     placements: tuple[Placement, ...] = ()
-    """Queued attempts placed by this decision on ready nodes (placed anew, or again when a
-    node they were placed on went before they started), in the platform's order."""
+    """Queued attempts (`elastic.is_queued_attempt`) placed by this decision on ready nodes
+    (placed anew, or again when a node they were placed on went before they started), in
+    the platform's order. Growth and moves take room too, but hand nothing to Ray."""
 
     def target(self, pool: str) -> int:
         return next(p.target for p in self.pools if p.pool == pool)

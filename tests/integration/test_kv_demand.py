@@ -37,3 +37,27 @@ async def test_a_late_event_of_a_lost_attempt_keeps_the_demand_of_the_next(
     await store.remove("job-1", 2)
     await store.remove("job-1", 2)  # a repeat is a no-op
     assert await store.all() == []
+
+
+async def test_a_placement_holds_only_the_very_demand_it_was_decided_for(
+    jetstream_bus: JetStreamBus,
+) -> None:
+    """Compare-and-set on the real bucket: a demand withdrawn (its job cancelled) or queued
+    anew between the pass's read and its write is not brought back or overwritten."""
+    store = await KvDemandStore.open(
+        jetstream_bus.client.jetstream(), pools_bucket(jetstream_bus.prefix)
+    )
+    await store.put(demand("job-1", 1))
+    [read] = await store.all()
+    assert await store.place(read, ("gpu-spot-1",))
+    [held] = await store.all()
+    assert held.placed_on == ("gpu-spot-1",)
+    assert not await store.place(read, ("gpu-spot-2",)), "the stored one changed since"
+    again = demand("job-1", 1).model_copy(update={"requeued": 1})
+    await store.put(again)  # Ray could not start it: queued anew, placed on nothing
+    await store.put(held)  # the older queueing, late: kept out
+    [stored] = await store.all()
+    assert (stored.requeued, stored.placed_on) == (1, ())
+    await store.remove("job-1", 1)
+    assert not await store.place(stored, ("gpu-spot-1",)), "withdrawn: nothing comes back"
+    assert await store.all() == []

@@ -257,3 +257,17 @@ def test_the_queue_says_each_attempts_place_and_why_it_waits() -> None:
     assert whys["held"] == "placed on n1: Ray is starting it"
     assert whys["gang"].startswith("pool-at-max: gpu-spot would need")
     assert whys["small"] == "a node is being bought for it"
+
+
+def test_growth_and_moves_take_room_but_hand_nothing_to_ray() -> None:
+    """A running attempt's missing worker and room wanted for a move are placed in room
+    (so nothing else takes it), yet they are no attempt waiting to be handed to Ray."""
+    growth = demand("job-9.grow-0", waited_s=60)
+    move = demand("job-8.move", waited_s=30)
+    queued = demand("job-7")
+    decided = plan(
+        (SPOT,), [node("n1"), node("n2", free_gpus=1)], [growth, move, queued], CONFIG, NOW
+    )
+    assert [p.job_id for p in decided.placements] == ["job-7"]
+    assert set(decided.in_room) == {"job-9.grow-0", "job-8.move", "job-7"}
+    assert [q.job_id for q in queue_positions([growth, move, queued], decided, NOW)] == ["job-7"]

@@ -422,14 +422,3 @@ async def test_an_attempt_placed_on_a_node_that_went_is_placed_again(
     await reconcile(deps)
     placements = [(d.job_id, d.nodes) for kind, d in published(deps) if "placed" in kind]
     assert placements[-1] == ("job-1", ("gpu-spot-3",))
-
-
-async def test_a_placement_of_a_demand_withdrawn_meanwhile_is_not_held(deps: Deps) -> None:
-    """Cancelled between the pass's read and its write: nothing is brought back."""
-    store = deps.demand
-    assert isinstance(store, InMemoryDemandStore)
-    await on_job_queued(queued("job-1"), deps)
-    [demand] = await store.all()
-    await store.remove("job-1", attempt=1)
-    assert not await store.place(demand, ("gpu-spot-1",))
-    assert await store.all() == []

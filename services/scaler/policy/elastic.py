@@ -39,6 +39,25 @@ def is_growth(demand_id: str) -> bool:
     return bool(head) and worker.isdigit()
 
 
+_MOVE_SUFFIX = ".move"
+
+
+def move_demand_id(job_id: str) -> str:
+    """The room wanted for a running attempt of `job_id` to move to (make before break)."""
+    return f"{job_id}{_MOVE_SUFFIX}"
+
+
+def is_queued_attempt(demand: Demand) -> bool:
+    """Whether the demand stands for an attempt waiting in the queue, to be handed to Ray
+    once placed: not a running attempt's growth, nor room for a move, nor a gang whose
+    driver runs already (`kept_at_start`)."""
+    return (
+        not demand.started
+        and not is_growth(demand.job_id)
+        and not (demand.job_id.endswith(_MOVE_SUFFIX))
+    )
+
+
 def served(demands: Iterable[Demand], in_room: Iterable[str]) -> list[str]:
     """The demands of running attempts that the nodes have room for now, growth and gangs
     started before their room was found: done with, since the attempt's own Ray Train

@@ -26,7 +26,7 @@ from services.scaler.model import (
     ScalePlan,
     ScalerConfig,
 )
-from services.scaler.policy.elastic import is_growth
+from services.scaler.policy.elastic import is_queued_attempt
 from shared.deadline import RESERVE_SHARE, Run, SpotOutlook, queued_decision
 from shared.events.types import Bundle, CapacityClass
 from shared.pool_knowledge import PoolRecord
@@ -749,7 +749,7 @@ def _record_placement(demand: Demand, fitted: _Trial, packing: _Packing) -> None
     """A demand fitted in room: placed, when all of that room is on ready nodes (room on
     a booting node is counted, but the attempt waits for the node to join Ray)."""
     nodes = fitted.ready_nodes()
-    if nodes is None:
+    if nodes is None or not is_queued_attempt(demand):
         return
     packing.placements.append(
         Placement(
@@ -958,11 +958,7 @@ def queue_positions(
     blocked = {b.job_id: b for b in decided.blocked}
     placed = {p.job_id: p.nodes for p in decided.placements}
     in_room = set(decided.in_room)
-    queued = [
-        d
-        for d in demands
-        if not d.started and not is_growth(d.job_id) and not d.job_id.endswith(".move")
-    ]
+    queued = [d for d in demands if is_queued_attempt(d)]
     shown = []
     for position, demand in enumerate(placement_order(queued, now)[:MAX_QUEUE_SHOWN], start=1):
         nodes = placed.get(demand.job_id) or (demand.placed_on if demand.job_id in in_room else ())
