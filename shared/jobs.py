@@ -86,6 +86,9 @@ class Attempt(Frozen):
     requeued: int = 0
     """How often it went back to the queue for want of room before it ran (Ray could not
     start it where it was placed): never a failure, nor a restart."""
+    resubmitted: int = 0
+    """How often it was handed to Ray again under a new Ray id (Ray keeps the id of a job
+    it failed or stopped): after going back to the queue, or placed again elsewhere."""
     pool: str | None = None
     capacity: CapacityClass | None = None
     """The capacity it was pinned to, when the checkpointer moved it off the requested one."""

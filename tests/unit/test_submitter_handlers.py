@@ -156,6 +156,11 @@ async def test_a_placement_elsewhere_before_ray_started_the_attempt_moves_it(
     assert ray(deps).submitted[-1][0].entrypoint_label_selector == {
         "spotrain-node": "in(gpu-spot-4)"
     }
+    # Its second node goes too: the scaler places the same queueing once more, and the
+    # attempt follows under a third Ray id.
+    await on_job_placed(job_placed("job-m", nodes=("gpu-spot-5",)), deps)
+    assert ray(deps).stopped == ["job-m-1", "job-m-1-r1"]
+    assert ray(deps).submitted[-1][0].submission_id == "job-m-1-r2"
 
 
 async def test_a_placement_elsewhere_of_an_attempt_ray_already_runs_changes_nothing(

@@ -82,9 +82,10 @@ def placed(record: JobRecord, placement: JobPlaced, now: datetime) -> Transition
         handed = attempt.model_copy(update=update)
         return Transition(Reason.SUBMITTED, with_attempt(record, handed, JobState.QUEUED, now))
     if attempt.state is AttemptState.SUBMITTED and attempt.placed_on != placement.nodes:
-        again = attempt.requeued + 1
+        # The same queueing (the scaler's demand still answers it), a new Ray id.
+        again = attempt.resubmitted + 1
         update |= {
-            "requeued": again,
+            "resubmitted": again,
             "submission_id": submission_id(record.job_id, attempt.number, again),
         }
         moved = attempt.model_copy(update=update)
@@ -116,6 +117,7 @@ def requeue(record: JobRecord, now: datetime) -> Transition:
     if attempt is None or attempt.state is not AttemptState.SUBMITTED:
         return Transition(Reason.UNCHANGED, record)
     again = attempt.requeued + 1
+    new_id = attempt.resubmitted + 1
     queued_again = attempt.model_copy(
         update={
             "state": AttemptState.QUEUED,
@@ -123,7 +125,8 @@ def requeue(record: JobRecord, now: datetime) -> Transition:
             "pool": None,
             "nodes": (),
             "requeued": again,
-            "submission_id": submission_id(record.job_id, attempt.number, again),
+            "resubmitted": new_id,
+            "submission_id": submission_id(record.job_id, attempt.number, new_id),
         }
     )
     moved = with_attempt(record, queued_again, JobState.QUEUED, now)

@@ -23,10 +23,10 @@ from shared.events.data import (
 )
 
 
-def submission_id(job_id: str, attempt: int, requeued: int = 0) -> str:
-    """Ray's id of an attempt; one that went back to the queue gets a new one each time,
-    since Ray keeps the id of a job it failed."""
-    return f"{job_id}-{attempt}" if requeued == 0 else f"{job_id}-{attempt}-r{requeued}"
+def submission_id(job_id: str, attempt: int, resubmitted: int = 0) -> str:
+    """Ray's id of an attempt; one handed to Ray again gets a new one each time, since Ray
+    keeps the id of a job it failed or stopped."""
+    return f"{job_id}-{attempt}" if resubmitted == 0 else f"{job_id}-{attempt}-r{resubmitted}"
 
 
 def checkpoint_uri(checkpoint_root: str, job_id: str) -> str:
