@@ -464,7 +464,10 @@ def _hold_placed(
 
 def _hold(demand: Demand, ready: Mapping[str, _Slot | None], room: _FreeRoom) -> None:
     """Keep the room a placed attempt was given on its nodes until it starts. Room Ray has
-    already given it (its driver is starting) is no longer free, and is not taken twice."""
+    already given it (its driver is starting) is not taken again where too little is left
+    to hold the bundle twice; on a node with room for two, it is, for the second or so
+    before `job.started` ends the hold: another job may wait a pass, or a node be bought
+    for it (Ray's view of a node does not say which job holds its room)."""
     for bundle, node in zip(_largest_first(demand.bundles), demand.placed_on, strict=False):
         slot = ready.get(node)
         if slot is not None and slot.holds(bundle):
