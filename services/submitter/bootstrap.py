@@ -59,7 +59,6 @@ async def bootstrap(bus: EventBus, stack: AsyncExitStack) -> ServiceDefinition:
         holds=holds,
         min_runtime_before_preemption_s=settings.min_runtime_before_preemption_s,
         give_way_grace_s=settings.give_way_grace_s,
-        workers_stalled_after_s=settings.workers_stalled_after_s,
         short_of_workers_fallback_s=settings.short_of_workers_fallback_s,
         worker_check_interval_s=settings.track_interval_s * 5,
         pools=KvPoolsReader(js, bus.prefix) if teams is not None else None,

@@ -29,7 +29,7 @@ from services.submitter.ports import (
     TeamsSource,
     Workspaces,
 )
-from shared.checkpoints import CheckpointRequest, ProgressReport, StopAsk
+from shared.checkpoints import CheckpointRequest, StopAsk
 from shared.clock import Clock
 from shared.events import Event, EventData, new_event
 from shared.events.data import (
@@ -89,8 +89,6 @@ class Deps:
     """No job gives way for other work before its attempt has run this long."""
     give_way_grace_s: float = 120.0
     """How long a job asked to give way has to checkpoint and stop before Ray stops it."""
-    workers_stalled_after_s: float = 15.0
-    """A multi-node attempt silent this long may be short of workers: Ray is asked."""
     short_of_workers_fallback_s: float = 300.0
     """An elastic attempt short of its MIN workers this long goes on as a new attempt."""
     worker_check_interval_s: float = 5.0
@@ -302,14 +300,20 @@ async def _track(record: JobRecord, attempt: Attempt, revision: Revision, deps: 
             return  # someone moved the record on; the next pass starts from there
         record, revision = moved
     asked = StopAsk.NONE
+    lost_workers: tuple[str, ...] = ()
     if status is not None and status.state is RayJobState.FAILED:
         asked = await deps.progress.stop_asked(_checkpoint_uri(record, deps), attempt.number)
+        if policy.is_multi_node(record):
+            # Ray Train gives up when a loss outruns the script's own retries: that failure
+            # is the node's. Ray unable to say counts as no loss.
+            lost_workers = await deps.ray.lost_worker_nodes(attempt.submission_id) or ()
     transition = policy.on_ray_status(
         record,
         status,
         deps.clock.now(),
         checkpoint_requested=asked is not StopAsk.NONE,
         moving=asked is StopAsk.MOVE,
+        lost_worker_nodes=lost_workers,
     )
     if transition.reason is Reason.NOT_SUBMITTED:
         # Accepted, but the process died before Ray heard of the attempt.
@@ -330,23 +334,22 @@ async def _record_progress(
     nodes = None
     if (attempt := record.current) is not None and policy.wants_worker_nodes(record, report):
         nodes = await deps.ray.worker_nodes(attempt.submission_id)
+        deps.worker_checks[attempt.submission_id] = deps.clock.now()  # asked for this while
     progressed = policy.on_progress(record, report, deps.clock.now(), worker_nodes=nodes)
     new_revision = await _apply(progressed, revision, deps)
     if new_revision is None:
         return None
-    return await _check_workers(progressed.record, new_revision, report, deps)
+    return await _check_workers(progressed.record, new_revision, deps)
 
 
 async def _check_workers(
-    record: JobRecord, revision: Revision, report: ProgressReport | None, deps: Deps
+    record: JobRecord, revision: Revision, deps: Deps
 ) -> tuple[JobRecord, Revision] | None:
-    """A silent multi-node attempt may be short of workers: Ray is asked (now and then)
-    how many it holds, and one short of its MIN for too long goes on as a new attempt."""
+    """Where a running multi-node attempt's workers are, as Ray says (now and then): a
+    change is a resize, and one short of its MIN for too long goes on as a new attempt."""
     now = deps.clock.now()
     attempt = record.current
-    if attempt is None or not policy.workers_stalled(
-        record, report, now, after_s=deps.workers_stalled_after_s
-    ):
+    if attempt is None or not policy.watches_workers(record):
         return record, revision
     asked = deps.worker_checks.get(attempt.submission_id)
     if asked is not None and (now - asked).total_seconds() < deps.worker_check_interval_s:

@@ -57,6 +57,11 @@ class RayJobs(Protocol):
         None when Ray cannot say (its state API is down, the attempt is unknown)."""
         ...
 
+    async def lost_worker_nodes(self, submission_id: str) -> tuple[str, ...] | None:
+        """The nodes that held any of an attempt's Ray Train workers and are dead now:
+        its failure may be theirs, not its code's. None when Ray cannot say."""
+        ...
+
 
 class ProgressReader(Protocol):
     """Progress that training code writes beside its checkpoints (`shared.training`)."""

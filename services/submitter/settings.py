@@ -53,9 +53,6 @@ class SubmitterSettings(RuntimeSettings):
     """No job gives way to other work (reclaim, priority) before its attempt ran this long."""
     give_way_grace_s: float = Field(120.0, gt=0)
     """How long a job asked to give way has to checkpoint and stop before Ray stops it."""
-    workers_stalled_after_s: float = Field(15.0, gt=0)
-    """A multi-node attempt that has not reported for this long may be short of workers:
-    Ray is asked how many it holds (at most every `track_interval_s` * 5)."""
     short_of_workers_fallback_s: float = Field(300.0, gt=0)
     """An elastic attempt short of its MIN workers this long goes on as a new attempt from
     its latest checkpoint, where the checkpointer finds capacity."""

@@ -313,16 +313,17 @@ class ResizeReason(StrEnum):
 
 class JobResized(EventData):
     """A running multi-node attempt has a new number of workers, as its training reports
-    it. Below `max_workers`, the scaler looks for spot room for the missing workers (past
-    `min_workers` at the lowest priority); the attempt goes on meanwhile."""
+    it or Ray says (0: its group is down, waiting for room). Below `max_workers`, the
+    scaler looks for room for the missing workers (past `min_workers` on spot at the
+    lowest priority); the attempt goes on meanwhile."""
 
     aggregate = "job"
     event = "resized"
 
     job_id: JobId
     attempt: Attempt
-    workers: Annotated[int, Field(ge=1, le=256)]
-    previous: Annotated[int, Field(ge=1, le=256)] | None = None
+    workers: Annotated[int, Field(ge=0, le=256)]
+    previous: Annotated[int, Field(ge=0, le=256)] | None = None
     """The count before; None for the first."""
     min_workers: Annotated[int, Field(ge=1, le=256)]
     max_workers: Annotated[int, Field(ge=1, le=256)]

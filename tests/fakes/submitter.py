@@ -75,6 +75,8 @@ class FakeRay:
         self.stopped: list[str] = []
         self.workers: dict[str, tuple[str, ...]] = {}
         """Submission id -> the nodes its Ray Train workers are on, as a test sets them."""
+        self.lost_workers: dict[str, tuple[str, ...]] = {}
+        """Submission id -> the dead nodes that held its Ray Train workers."""
         self.worker_lookups: list[str] = []
 
     async def submit(self, plan: SubmissionPlan, working_dir: Path | None) -> None:
@@ -89,6 +91,9 @@ class FakeRay:
     async def worker_nodes(self, submission_id: str) -> tuple[str, ...] | None:
         self.worker_lookups.append(submission_id)
         return self.workers.get(submission_id)
+
+    async def lost_worker_nodes(self, submission_id: str) -> tuple[str, ...] | None:
+        return self.lost_workers.get(submission_id, ())
 
     async def stop(self, submission_id: str) -> None:
         self.stopped.append(submission_id)

@@ -245,7 +245,8 @@ def test_a_submission_quotes_the_command_and_carries_the_training_contract() -> 
         request(2, capacity=CapacityClass.SPOT, entrypoint=hostile, env={"SEED": "7"})
     )
     plan = policy.plan_submission(record, record.attempts[0], checkpoint_uri="file:///ckpt/job-1")
-    assert shlex.split(plan.entrypoint) == list(hostile)
+    # The launcher runs first, and hands the command on as the argv it was.
+    assert shlex.split(plan.entrypoint) == [*policy.LAUNCHER, *hostile]
     assert plan.submission_id == "job-1-1"
     assert plan.entrypoint_num_gpus == 2
     assert plan.entrypoint_num_cpus == 4
@@ -524,38 +525,53 @@ def later(s: float) -> datetime:
     return NOW + timedelta(seconds=s)
 
 
-@pytest.mark.parametrize(
-    ("report_at_s", "now_s", "stalled"),
-    [
-        pytest.param(None, 14, False, id="just-started"),
-        pytest.param(None, 15, True, id="never-reported"),
-        pytest.param(10, 20, False, id="reported-lately"),
-        pytest.param(10, 25, True, id="silent-since"),
-    ],
-)
-def test_a_silent_multi_node_attempt_is_stalled(
-    report_at_s: float | None, now_s: float, stalled: bool
-) -> None:
-    last = None
-    if report_at_s is not None:
-        last = ProgressReport(
-            job_id="job-1", attempt=1, step=3, metrics={}, updated_at=later(report_at_s)
-        )
-    counted = policy.on_progress(ELASTIC, nodes_report(1, 2), NOW, worker_nodes=("a", "b"))
-    assert policy.workers_stalled(counted.record, last, later(now_s), after_s=15) is stalled
+def test_every_running_multi_node_attempt_has_its_workers_looked_for() -> None:
+    running = policy.on_ray_status(ELASTIC, status(R.RUNNING), NOW).record
+    assert policy.watches_workers(running)
+    single = policy.on_ray_status(queued_record(request(1)), status(R.RUNNING), NOW).record
+    assert not policy.watches_workers(single)
 
 
-def test_an_attempt_waiting_for_its_first_gang_is_not_stalled() -> None:
-    assert not policy.workers_stalled(ELASTIC, None, later(600), after_s=15)
+def test_an_attempt_waiting_for_its_first_gang_is_not_counted_short() -> None:
+    # Its own demand stands for the gang until it first runs: no growth is asked beside it.
+    assert policy.on_workers_seen(ELASTIC, ("a",), later(60), fallback_after_s=120).reason is (
+        policy.Reason.UNCHANGED
+    )
 
 
-def test_a_single_node_attempt_is_never_stalled_for_workers() -> None:
-    record = policy.on_ray_status(queued_record(request(1)), status(R.RUNNING), NOW).record
-    assert not policy.workers_stalled(record, None, later(600), after_s=15)
+def counted(*nodes: str) -> JobRecord:
+    return policy.on_workers_seen(ELASTIC, nodes, NOW, fallback_after_s=120).record
+
+
+def test_a_script_that_never_reports_is_counted_where_ray_says_its_workers_are() -> None:
+    transition = policy.on_workers_seen(ELASTIC, ("a", "b"), NOW, fallback_after_s=120)
+    [resized] = [f.data for f in transition.facts]
+    assert isinstance(resized, JobResized)
+    assert (resized.workers, resized.reason, resized.nodes) == (2, ResizeReason.COUNTED, ("a", "b"))
+    again = policy.on_workers_seen(transition.record, ("a", "b"), later(5), fallback_after_s=120)
+    assert again.reason is policy.Reason.UNCHANGED
+
+
+def test_a_lost_worker_is_a_resize_at_once_so_the_scaler_asks_for_its_room() -> None:
+    transition = policy.on_workers_seen(counted("a", "b"), ("a",), later(5), fallback_after_s=120)
+    [resized] = [f.data for f in transition.facts]
+    assert isinstance(resized, JobResized)
+    assert (resized.workers, resized.previous, resized.reason) == (1, 2, ResizeReason.SHRANK)
+    assert resized.min_workers == 2  # below MIN: the scaler wants one worker's room now
+    current = transition.record.current
+    assert current is not None
+    assert current.short_of_workers_since == later(5)
+
+
+def test_a_stale_report_does_not_undo_what_ray_said_since() -> None:
+    record = policy.on_progress(ELASTIC, nodes_report(5, 2), NOW).record
+    shrunk = policy.on_workers_seen(record, ("a",), later(5), fallback_after_s=120).record
+    again = policy.on_progress(shrunk, nodes_report(5, 2), later(6))
+    assert again.reason is policy.Reason.UNCHANGED
 
 
 def short_story(*seen: tuple[float, tuple[str, ...] | None]) -> list[policy.Transition]:
-    record, transitions = ELASTIC, []
+    record, transitions = counted("a", "b"), []
     for at_s, alive in seen:
         transition = policy.on_workers_seen(record, alive, later(at_s), fallback_after_s=120)
         record = transition.record
@@ -564,12 +580,17 @@ def short_story(*seen: tuple[float, tuple[str, ...] | None]) -> list[policy.Tran
 
 
 def test_an_elastic_attempt_short_of_its_min_for_too_long_is_lost_to_go_on_afresh() -> None:
-    *waiting, fell_back = short_story((20, ("a",)), (80, ()), (139, ("a",)), (140, ("a",)))
+    *waiting, fell_back = short_story(
+        (20, ("a",)), (80, ()), (100, ("a",)), (139, ("a",)), (140, ("a",))
+    )
     assert [t.reason for t in waiting] == [
         policy.Reason.SHORT_OF_WORKERS,  # noted: short since 20
-        policy.Reason.UNCHANGED,
+        policy.Reason.SHORT_OF_WORKERS,  # its group is down: room for both is wanted
+        policy.Reason.SHORT_OF_WORKERS,
         policy.Reason.UNCHANGED,
     ]
+    resized = [f.data for t in waiting for f in t.facts if isinstance(f.data, JobResized)]
+    assert [r.workers for r in resized] == [1, 0, 1]
     assert fell_back.reason is policy.Reason.NODE_LOST
     [interrupted] = [f.data for f in fell_back.facts]
     assert isinstance(interrupted, JobInterrupted)

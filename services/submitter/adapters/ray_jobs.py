@@ -109,6 +109,31 @@ class RayJobSubmission:
 
         return await asyncio.to_thread(worker_nodes)
 
+    async def lost_worker_nodes(self, submission_id: str) -> tuple[str, ...] | None:
+        def lost_worker_nodes() -> tuple[str, ...] | None:
+            from ray.util.state import get_node, list_actors  # noqa: PLC0415  # see _connect
+
+            try:
+                ray_job = self._connect().get_job_info(submission_id).job_id
+                if not ray_job:
+                    return ()
+                workers = list_actors(
+                    address=self._address,
+                    filters=[("job_id", "=", ray_job), ("class_name", "=", TRAIN_WORKER_CLASS)],
+                    timeout=5,
+                    limit=10_000,
+                )
+                lost: set[str] = set()
+                for node_id in {worker.node_id for worker in workers if worker.node_id}:
+                    node = get_node(node_id, address=self._address, timeout=5)
+                    if node is not None and node.state == "DEAD":
+                        lost.add(self._node_of(node_id)[0] or node_id)
+            except Exception:  # noqa: BLE001  # the state API is best effort
+                return None
+            return tuple(sorted(lost))
+
+        return await asyncio.to_thread(lost_worker_nodes)
+
     def _node_of(self, node_id: str | None) -> tuple[str | None, str | None]:
         """The `spotrain-node` and `spotrain-pool` labels the provider gave the node."""
         if not node_id:

@@ -33,6 +33,7 @@ from services.submitter.policy.admission import (
     unknown_secrets_detail,
 )
 from services.submitter.policy.attempts import (
+    LAUNCHER,
     RAY_TRAIN_ON_SPOT,
     abandon,
     cancel,
@@ -47,7 +48,7 @@ from services.submitter.policy.attempts import (
     resume,
     tracked,
     wants_worker_nodes,
-    workers_stalled,
+    watches_workers,
 )
 from services.submitter.policy.give_way import (
     GIVE_WAY,
@@ -95,6 +96,7 @@ from services.submitter.policy.transitions import (
 
 __all__ = [
     "GIVE_WAY",
+    "LAUNCHER",
     "RAY_TRAIN_ON_SPOT",
     "Accept",
     "Admission",
@@ -155,8 +157,8 @@ __all__ = [
     "waiting_order",
     "waits_behind",
     "wants_worker_nodes",
+    "watches_workers",
     "who_may_not_cancel",
     "with_attempt",
     "with_driver_node",
-    "workers_stalled",
 ]

@@ -48,6 +48,9 @@ from shared.events.data import (
 )
 from shared.resources import NODE_LABEL, RESOURCE_PER_JOB, capacity_resource
 
+LAUNCHER = ("python", "-m", "shared.usercode.launch", "--")
+"""What runs in front of every attempt's command, on its node."""
+
 RAY_TRAIN_ON_SPOT = {
     # A worker group waits this long for its placement before Ray Train decides again: on
     # a notice, the group restarts at the deadline while the going node still counts as
@@ -98,8 +101,10 @@ def plan_submission(record: JobRecord, attempt: Attempt, *, checkpoint_uri: str)
         metadata["experiment"] = request.experiment
     return SubmissionPlan(
         submission_id=attempt.submission_id,
-        # An argv list, quoted here: no user string reaches a shell unquoted.
-        entrypoint=shlex.join(request.entrypoint),
+        # An argv list, quoted here: no user string reaches a shell unquoted. The launcher
+        # gives the command its checkpoint folder, the notice as SIGTERM, and Ray Train's
+        # defaults (`shared.usercode`).
+        entrypoint=shlex.join((*LAUNCHER, *request.entrypoint)),
         # A single-node job's driver is its worker, on the attempt's capacity. A multi-node
         # driver only coordinates the workers it places itself (Ray Train): it asks for
         # nothing, so Ray runs it on the head (on-demand, never resized), and losing any
@@ -128,10 +133,14 @@ _NODE_LOSS_ERRORS = frozenset(
 )
 
 
-def classify_failure(status: RayJobStatus, *, checkpoint_requested: bool) -> FailureKind:
-    """A failed attempt is the user's unless Ray says its node went away under it, or the
-    platform itself asked it to checkpoint and stop (its node is being preempted)."""
-    if checkpoint_requested or status.error_type in _NODE_LOSS_ERRORS:
+def classify_failure(
+    status: RayJobStatus, *, checkpoint_requested: bool, workers_lost: bool = False
+) -> FailureKind:
+    """A failed attempt is the user's unless Ray says its node went away under it, a node
+    that held its Ray Train workers died (Ray Train gives up when a loss outruns the
+    script's own `max_failures`, by default at once), or the platform itself asked it to
+    checkpoint and stop (its node is being preempted)."""
+    if checkpoint_requested or workers_lost or status.error_type in _NODE_LOSS_ERRORS:
         return FailureKind.NODE_LOST
     return FailureKind.USER_ERROR
 
@@ -143,6 +152,7 @@ def on_ray_status(
     *,
     checkpoint_requested: bool = False,
     moving: bool = False,
+    lost_worker_nodes: tuple[str, ...] = (),
 ) -> Transition:
     """How the record moves given what Ray says of its current attempt.
 
@@ -198,7 +208,7 @@ def on_ray_status(
                 return requeue(record, now)
             return _failed(
                 record, attempt, status, now, checkpoint_requested=checkpoint_requested,
-                moving=moving,
+                moving=moving, lost_worker_nodes=lost_worker_nodes,
             )  # fmt: skip
 
 
@@ -210,12 +220,17 @@ def _failed(  # on_ray_status's inputs, passed on
     *,
     checkpoint_requested: bool,
     moving: bool,
+    lost_worker_nodes: tuple[str, ...],
 ) -> Transition:
     """Ray says the attempt failed: its capacity went (a preemption, a move, a lost node)
     or its own code failed."""
     job_id, n = record.job_id, attempt.number
     message = status.message or "the job failed"
-    kind = classify_failure(status, checkpoint_requested=checkpoint_requested)
+    kind = classify_failure(
+        status, checkpoint_requested=checkpoint_requested, workers_lost=bool(lost_worker_nodes)
+    )
+    if lost_worker_nodes and not checkpoint_requested:
+        message = f"lost the node(s) of its workers: {', '.join(lost_worker_nodes)}"
     if kind is FailureKind.NODE_LOST:
         cause = InterruptionCause.PREEMPTED if checkpoint_requested else InterruptionCause.NODE_LOST
         if checkpoint_requested and moving:
@@ -250,61 +265,61 @@ def wants_worker_nodes(record: JobRecord, report: ProgressReport | None) -> bool
         return False
     return (
         attempt.workers is None
-        or (report.workers is not None and report.workers != attempt.workers)
+        or (report.step != attempt.step and report.workers not in (None, attempt.workers))
         or (attempt.step is not None and report.step < attempt.step)
     )
 
 
-def workers_stalled(
-    record: JobRecord, report: ProgressReport | None, now: datetime, *, after_s: float
-) -> bool:
-    """A running multi-node attempt whose group ran (it was counted) and has not reported
-    for `after_s`: its group may be down, waiting for workers it cannot get. Before its
-    first count it waits for its first gang, which is the scaler's to find, not a loss."""
+def watches_workers(record: JobRecord) -> bool:
+    """Whether the tracker asks Ray, now and then, where a running attempt's workers are:
+    every multi-node attempt, whether or not its script reports (one written for Ray Train
+    alone never does), so that the platform charges their nodes, finds them for `preempt
+    --job`, and asks for room the moment one goes."""
     attempt = record.current
-    if (
-        attempt is None
-        or attempt.state is not AttemptState.RUNNING
-        or attempt.started_at is None
-        or attempt.workers is None
-        or not is_multi_node(record)
-    ):
-        return False
-    last = attempt.started_at
-    if report is not None and report.attempt == attempt.number:
-        last = max(last, report.updated_at)
-    return (now - last).total_seconds() >= after_s
+    return attempt is not None and attempt.state is AttemptState.RUNNING and is_multi_node(record)
 
 
 def on_workers_seen(
     record: JobRecord, alive: tuple[str, ...] | None, now: datetime, *, fallback_after_s: float
 ) -> Transition:
-    """Ray says how many workers a silent multi-node attempt holds (`alive`: one node per
-    live worker; None: it could not say). Fewer than its MIN since `fallback_after_s` ago:
-    Ray Train waits for room that has not come, so the attempt ends as lost
-    (`short-of-workers`) and the checkpointer takes it on from its latest checkpoint, as
-    for any lost attempt, with its budget and its fallback to on-demand."""
+    """Ray says where a running multi-node attempt's workers are (`alive`: one node per live
+    worker; None: it could not say).
+
+    - Other nodes or another count than recorded: it was resized (`job.resized`), and the
+      scaler asks for room for each worker it misses below its MIN at once. Not before its
+      first gang: until then its own demand stands for it.
+    - Fewer than its MIN since `fallback_after_s` ago: Ray Train waits for room that has not
+      come, so the attempt ends as lost (`short-of-workers`) and the checkpointer takes it
+      on from its latest checkpoint, as for any lost attempt, with its budget and its
+      fallback to on-demand."""
     attempt = record.current
     if alive is None or attempt is None or attempt.state is not AttemptState.RUNNING:
         return Transition(Reason.UNCHANGED, record)
     least = record.request.num_workers
+    if attempt.workers is None and len(alive) < least:
+        return Transition(Reason.UNCHANGED, record)
+    facts: tuple[Fact, ...] = ()
+    seen = attempt
+    if len(alive) != attempt.workers or alive != attempt.worker_nodes:
+        step = attempt.step if attempt.step is not None else 0
+        facts = (_resized(record, attempt, len(alive), step, alive),)
+        seen = attempt.model_copy(update={"workers": len(alive), "worker_nodes": alive})
     if len(alive) >= least:
-        if attempt.short_of_workers_since is None:
-            return Transition(Reason.UNCHANGED, record)
-        enough = attempt.model_copy(update={"short_of_workers_since": None})
-        return Transition(Reason.SHORT_OF_WORKERS, with_attempt(record, enough, record.state, now))
-    since = attempt.short_of_workers_since or now
-    if (now - since).total_seconds() < fallback_after_s:
-        if attempt.short_of_workers_since is not None:
-            return Transition(Reason.UNCHANGED, record)
-        short = attempt.model_copy(update={"short_of_workers_since": now})
-        return Transition(Reason.SHORT_OF_WORKERS, with_attempt(record, short, record.state, now))
-    message = (
-        f"{len(alive)} of its {least} workers (MIN) could be held for "
-        f"{(now - since).total_seconds():.0f} s: it goes on as a new attempt from its latest "
-        "checkpoint"
-    )
-    return interrupt(record, attempt, InterruptionCause.SHORT_OF_WORKERS, now, message)
+        if seen.short_of_workers_since is not None:
+            seen = seen.model_copy(update={"short_of_workers_since": None})
+    else:
+        since = seen.short_of_workers_since or now
+        if (now - since).total_seconds() >= fallback_after_s:
+            message = (
+                f"{len(alive)} of its {least} workers (MIN) could be held for "
+                f"{(now - since).total_seconds():.0f} s: it goes on as a new attempt from its "
+                "latest checkpoint"
+            )
+            return interrupt(record, seen, InterruptionCause.SHORT_OF_WORKERS, now, message)
+        seen = seen.model_copy(update={"short_of_workers_since": since})
+    if seen == attempt:
+        return Transition(Reason.UNCHANGED, record)
+    return Transition(Reason.SHORT_OF_WORKERS, with_attempt(record, seen, record.state, now), facts)
 
 
 def on_progress(
@@ -331,7 +346,10 @@ def on_progress(
     if workers is None and worker_nodes and is_multi_node(record):
         workers = len(worker_nodes)
     moved = bool(worker_nodes) and worker_nodes != attempt.worker_nodes
-    resized = workers is not None and (workers != attempt.workers or moved)
+    # Only a new report says how many workers there are now: one already recorded may be
+    # older than what Ray said since (`on_workers_seen`).
+    fresh = attempt.step is None or report.step != attempt.step
+    resized = fresh and workers is not None and (workers != attempt.workers or moved)
     if attempt.step is not None and report.step <= attempt.step and not resized:
         return Transition(Reason.UNCHANGED, record)
     # Events carry finite numbers under well-formed names; a NaN loss stays in the file.

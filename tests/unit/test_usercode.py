@@ -1,0 +1,197 @@
+"""The launcher in front of every job's command: its checkpoint folder kept in the store,
+the notice as SIGTERM, and Ray Train's defaults for a script that leaves them unsaid."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from shared.checkpoints import CheckpointRequest, LocalStorage, request_checkpoint
+from shared.usercode import launch
+from shared.usercode.checkpoint_dir import CheckpointFolder, to_copy
+
+A, B = (10, 1), (12, 2)
+
+
+@pytest.mark.parametrize(
+    ("previous", "current", "copied", "final", "expected"),
+    [
+        pytest.param({}, {"s.pt": A}, {}, False, [], id="new-and-maybe-half-written"),
+        pytest.param({"s.pt": A}, {"s.pt": A}, {}, False, ["s.pt"], id="new-and-still"),
+        pytest.param({"s.pt": A}, {"s.pt": B}, {"s.pt": A}, False, [], id="being-rewritten"),
+        pytest.param({"s.pt": B}, {"s.pt": B}, {"s.pt": A}, False, ["s.pt"], id="rewritten"),
+        pytest.param({"s.pt": A}, {"s.pt": A}, {"s.pt": A}, False, [], id="already-kept"),
+        pytest.param({}, {"s.pt": A}, {}, True, ["s.pt"], id="at-the-end-all-that-changed"),
+    ],
+)
+def test_a_file_is_copied_once_it_stood_still_for_a_scan(
+    previous: dict[str, tuple[int, int]],
+    current: dict[str, tuple[int, int]],
+    copied: dict[str, tuple[int, int]],
+    final: bool,
+    expected: list[str],
+) -> None:
+    assert to_copy(previous, current, copied, final=final) == expected
+
+
+stats = st.dictionaries(st.sampled_from(["a", "b", "c/d"]), st.sampled_from([A, B]), max_size=3)
+
+
+@given(previous=stats, current=stats, copied=stats, final=st.booleans())
+def test_nothing_is_copied_that_is_gone_or_unchanged_since_it_was_copied(
+    previous: dict[str, tuple[int, int]],
+    current: dict[str, tuple[int, int]],
+    copied: dict[str, tuple[int, int]],
+    final: bool,
+) -> None:
+    for name in to_copy(previous, current, copied, final=final):
+        assert name in current
+        assert copied.get(name) != current[name]
+
+
+def test_the_next_attempt_finds_the_latest_complete_set_on_a_new_node(tmp_path: Path) -> None:
+    store, root = LocalStorage(), str(tmp_path / "store" / "job-1")
+    first = CheckpointFolder(store, root, tmp_path / "node-a")
+    first.restore()
+    (first.folder / "snapshot.pt").write_bytes(b"epoch 3")
+    (first.folder / "old").mkdir()
+    (first.folder / "old" / "log.txt").write_text("x")
+    assert first.sync(final=True) == ["old/log.txt", "snapshot.pt"]
+    (first.folder / "snapshot.pt").write_bytes(b"epoch 7, longer")
+    (first.folder / "old" / "log.txt").unlink()
+    assert first.sync() == []  # changed since the last scan: it may be half-way written
+    assert first.sync() == ["snapshot.pt"]
+    second = CheckpointFolder(store, root, tmp_path / "node-b")
+    assert second.restore() == ["snapshot.pt"]
+    assert (second.folder / "snapshot.pt").read_bytes() == b"epoch 7, longer"
+    assert not (second.folder / "old" / "log.txt").exists()
+    assert second.sync(final=True) == []  # what it restored is not copied back
+
+
+@pytest.mark.parametrize(
+    ("returncode", "noticed", "expected"),
+    [
+        pytest.param(0, False, 0, id="done"),
+        pytest.param(3, False, 3, id="its-own-error"),
+        pytest.param(-15, False, 143, id="killed-by-sigterm"),
+        pytest.param(0, True, 143, id="saved-and-returned-after-a-notice-is-not-done"),
+        pytest.param(1, True, 1, id="failed-after-a-notice"),
+    ],
+)
+def test_the_launcher_exits_as_the_command_did(returncode: int, noticed: bool, expected: int) -> None:
+    assert launch.exit_code(returncode, noticed=noticed) == expected
+
+
+SAVES_ON_SIGTERM = textwrap.dedent(
+    """
+    import os, pathlib, signal, sys, time
+    folder = pathlib.Path(os.environ["SPOTRAIN_CHECKPOINT_DIR"])
+    snapshot = folder / "snapshot.txt"
+    start = int(snapshot.read_text()) if snapshot.exists() else 0
+    print("resumed at", start, flush=True)
+    stop = []
+    signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+    epoch = start
+    while not stop and epoch < start + 600:
+        epoch += 1
+        time.sleep(0.01)
+    snapshot.write_text(str(epoch))
+    sys.exit(0)
+    """
+)
+
+
+def run_launcher(tmp_path: Path, attempt: int, argv: list[str]) -> subprocess.Popen[str]:
+    env = {
+        **os.environ,
+        "SPOTRAIN_JOB_ID": "job-1",
+        "SPOTRAIN_ATTEMPT": str(attempt),
+        "SPOTRAIN_CHECKPOINT_URI": f"file://{tmp_path}/store/job-1",
+        "SPOTRAIN_CHECKPOINT_SYNC_S": "0.2",
+        "SPOTRAIN_CHECKPOINT_DIR": str(tmp_path / f"node-{attempt}"),
+    }
+    return subprocess.Popen(
+        [sys.executable, "-m", "shared.usercode.launch", "--", *argv],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def test_a_notice_reaches_a_plain_script_as_sigterm_and_what_it_saves_follows_it(
+    tmp_path: Path,
+) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(SAVES_ON_SIGTERM)
+    first = run_launcher(tmp_path, 1, [sys.executable, str(script)])
+    assert first.stdout is not None
+    assert "resumed at 0" in first.stdout.readline()
+    request = CheckpointRequest(job_id="job-1", attempt=1, requested_at=datetime.now(UTC))
+    request_checkpoint(f"file://{tmp_path}/store/job-1", request)
+    output = first.communicate(timeout=30)[0]
+    assert first.returncode == 143, output  # cut short by the notice, never "succeeded"
+    assert "SIGTERM" in output
+    saved = int((tmp_path / "node-1" / "snapshot.txt").read_text())
+    assert 0 < saved < 600
+    # The next attempt, in another folder (another node), starts where the first saved.
+    second = run_launcher(tmp_path, 2, [sys.executable, str(script)])
+    output = second.communicate(timeout=30)[0]
+    assert second.returncode == 0, output
+    assert f"resumed at {saved}" in output
+
+
+def test_a_command_that_cannot_start_is_one_line_and_exit_127(tmp_path: Path) -> None:
+    launcher = run_launcher(tmp_path, 1, ["no-such-command-here"])
+    output = launcher.communicate(timeout=30)[0]
+    assert launcher.returncode == 127
+    assert output.strip().splitlines() == [
+        "spotrain: could not start 'no-such-command-here': No such file or directory"
+    ]
+
+
+RAY_TRAIN_CONFIGS = textwrap.dedent(
+    """
+    import json
+    from ray.train import RunConfig, ScalingConfig
+    unsaid, said = RunConfig(), RunConfig(storage_path="/mine", name="mine")
+    scaling = ScalingConfig(num_workers=2)
+    print(json.dumps({
+        "unsaid": [unsaid.storage_path, unsaid.name],
+        "said": [said.storage_path, said.name],
+        "resources": scaling._resources_per_worker_not_none,
+    }))
+    """
+)
+
+
+def test_ray_train_gets_the_platform_s_defaults_where_the_script_says_nothing(
+    tmp_path: Path,
+) -> None:
+    env = {
+        **os.environ,
+        "PYTHONPATH": launch.BOOTSTRAP_FOLDER,
+        "SPOTRAIN_CHECKPOINT_URI": "file:///ckpt/job-1",
+        "SPOTRAIN_WORKER_RESOURCES": json.dumps({"spotrain-capacity-spot": 0.001}),
+    }
+    found = subprocess.run(
+        [sys.executable, "-c", RAY_TRAIN_CONFIGS],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
+    configs = json.loads(found.stdout.strip().splitlines()[-1])
+    assert configs["unsaid"] == ["file:///ckpt/job-1", "ray-train"]
+    assert configs["said"] == ["/mine", "mine"]
+    assert configs["resources"] == {"CPU": 1, "spotrain-capacity-spot": 0.001}
