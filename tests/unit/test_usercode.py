@@ -87,7 +87,9 @@ def test_the_next_attempt_finds_the_latest_complete_set_on_a_new_node(tmp_path: 
         pytest.param(1, True, 1, id="failed-after-a-notice"),
     ],
 )
-def test_the_launcher_exits_as_the_command_did(returncode: int, noticed: bool, expected: int) -> None:
+def test_the_launcher_exits_as_the_command_did(
+    returncode: int, noticed: bool, expected: int
+) -> None:
     assert launch.exit_code(returncode, noticed=noticed) == expected
 
 
