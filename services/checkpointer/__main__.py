@@ -6,4 +6,4 @@ from services.checkpointer.settings import CheckpointerSettings
 from shared.runtime import run
 
 if __name__ == "__main__":
-    run(SERVICE, bootstrap, CheckpointerSettings())
+    run(SERVICE, bootstrap, CheckpointerSettings)

@@ -60,7 +60,9 @@ class Move:
 
 @dataclass(frozen=True)
 class LatestCheckpoint:
-    uri: str
+    uri: str | None
+    """The helper's checkpoint, handed to the next attempt (SPOTRAIN_RESUME_FROM); None
+    for a Ray Train run's own, which the next attempt's driver restores by itself."""
     step: int
 
 

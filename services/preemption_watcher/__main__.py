@@ -6,4 +6,4 @@ from services.preemption_watcher.settings import PreemptionWatcherSettings
 from shared.runtime import run
 
 if __name__ == "__main__":
-    run(SERVICE, bootstrap, PreemptionWatcherSettings())
+    run(SERVICE, bootstrap, PreemptionWatcherSettings)

@@ -4,9 +4,10 @@ each node (a DaemonSet on GKE), relaying its own VM's preemption notice onto the
 from __future__ import annotations
 
 import asyncio
+import sys
 from contextlib import AsyncExitStack
 
-from pydantic import Field
+from pydantic import Field, ValidationError
 from pydantic_settings import SettingsConfigDict
 
 from services.preemption_watcher.adapters.gce_metadata import (
@@ -23,6 +24,7 @@ from shared.events.types import Name
 from shared.messaging import EventBus
 from shared.runtime import RuntimeSettings, ServiceDefinition, Watch, run
 from shared.runtime.service import Bootstrap
+from shared.setting_errors import setting_error_line
 
 AGENT = "metadata_agent"
 
@@ -74,8 +76,12 @@ def agent_bootstrap(settings: MetadataAgentSettings, clock: Clock | None = None)
 
 
 def main() -> None:
-    settings = MetadataAgentSettings()
-    run(AGENT, agent_bootstrap(settings), settings)
+    try:
+        settings = MetadataAgentSettings()
+    except ValidationError as error:
+        sys.stderr.write(f"{AGENT}: error: {setting_error_line(error)}\n")
+        raise SystemExit(2) from None
+    run(AGENT, agent_bootstrap(settings), lambda: settings)
 
 
 if __name__ == "__main__":

@@ -6,4 +6,4 @@ from services.scaler.settings import ScalerSettings
 from shared.runtime import run
 
 if __name__ == "__main__":
-    run(SERVICE, bootstrap, ScalerSettings())
+    run(SERVICE, bootstrap, ScalerSettings)

@@ -6,4 +6,4 @@ from services.submitter.settings import SubmitterSettings
 from shared.runtime import run
 
 if __name__ == "__main__":
-    run(SERVICE, bootstrap, SubmitterSettings())
+    run(SERVICE, bootstrap, SubmitterSettings)

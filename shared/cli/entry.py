@@ -19,12 +19,21 @@ def main() -> NoReturn:
     # URLs; that import is a third of the CLI's start-up. The CLI speaks nats:// and tls://.
     if not os.environ.get("SPOTRAIN_NATS_URL", "").startswith(("ws://", "wss://")):
         sys.modules.setdefault("aiohttp", None)  # type: ignore[arg-type]
+    from pydantic import ValidationError  # noqa: PLC0415  # imported by the commands anyway
+
     from shared.cli.app import main as run_command  # noqa: PLC0415  # after the line above
+    from shared.setting_errors import is_settings_error, setting_error_line  # noqa: PLC0415
 
     try:
         run_command()
     except SystemExit as done:
         code = exit_status(done.code)
+    except ValidationError as error:
+        if not is_settings_error(error):
+            raise
+        # A setting read from the environment is wrong: which one, in one line.
+        print(f"spotrain: error: {setting_error_line(error)}", file=sys.stderr)
+        code = 2
     else:
         code = 0
     exit_now(code)

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import time
 import urllib.error
 import urllib.request
@@ -27,7 +28,7 @@ from shared.cli.console import CliError, duration_s, err, out, print_table, tabl
 from shared.cli.tables import Column, Output, ShowOutput, event_line
 from shared.client import PlatformError, SpotrainClient, current_user, new_job_id
 from shared.cost import CostRow, Ledger, format_usd, job_costs
-from shared.cost.attribution import Charge
+from shared.cost.attribution import Charge, NodeLife
 from shared.elastic import WorkerRange, is_ray_train_script, most_workers, parse_workers
 from shared.events import Event, EventData
 from shared.events.data import JobFailed, JobProgress, JobRejected, JobRequested, JobResized
@@ -36,6 +37,7 @@ from shared.jobs import (
     Attempt,
     AttemptState,
     JobRecord,
+    JobState,
     deadline_outlook,
     deadline_refusal,
     span_text,
@@ -310,6 +312,9 @@ def describe(
         lines.append(f"progress: {_progress(current)}")
     if request.deadline is not None:
         lines.append(_deadline_line(record, now))
+    if record.state is JobState.FAILED:
+        message = record.detail or (current.message if current is not None else None)
+        lines.append(f"failed: {failure_line(message or '') or 'no reason given'}")
     lines.append(f"attempts: {len(record.attempts)}")
     by_attempt: dict[int, Fraction] = defaultdict(Fraction)
     for charge in charges:
@@ -319,6 +324,17 @@ def describe(
         after = record.attempts[index + 1] if index + 1 < len(record.attempts) else None
         lines.append("  " + _attempt_line(attempt, after, by_attempt.get(attempt.number)))
     return lines
+
+
+_ERROR_LINE = re.compile(r"^\s*(\w+\.)*\w*(Error|Exception|Exit|Interrupt)\b.*$|^\s*\w+Error:.*$")
+
+
+def failure_line(message: str) -> str:
+    """The line of a failure's message that says why: the last one naming an exception
+    (`ValueError: bad batch size`) in the logs Ray appends, else its last line. Pure."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    errors = [line for line in lines if _ERROR_LINE.match(line)]
+    return (errors or lines or [""])[-1][:200]
 
 
 def _queue_place(record: JobRecord, status: PoolsStatus | None) -> str | None:
@@ -415,14 +431,35 @@ def logs(job_id: str, follow: bool, attempt: int | None) -> None:
     record = _run(lambda: _with_client(lambda c: c.job(job_id)))
     if record is None:
         raise CliError(f"no job {job_id}")
-    dashboard = os.environ.get("SPOTRAIN_RAY_ADDRESS", "http://127.0.0.1:8265").rstrip("/")
+    dashboard = ray_dashboard()
     attempts = [a for a in record.attempts if attempt is None or a.number == attempt]
     if not attempts:
         raise CliError(f"{job_id} has no attempt {attempt}")
+    unread = []
     for item in attempts[:-1] if follow else attempts:
-        _print_logs(dashboard, item.submission_id, item.number, len(record.attempts) > 1)
+        # Each attempt on its own: one whose logs Ray cannot give does not hide the others.
+        try:
+            _print_logs(dashboard, item.submission_id, item.number, len(record.attempts) > 1)
+        except CliError as error:
+            err.print(f"attempt {item.number}: {error}")
+            unread.append(item.number)
     if follow:
-        _follow_logs(dashboard, job_id, attempts[-1].submission_id)
+        ended = _follow_logs(dashboard, job_id, attempts[-1].submission_id)
+        if ended is not JobState.SUCCEEDED:
+            # As the job ended: a script waiting on `logs -f` learns its outcome.
+            raise typer.Exit(1)
+    if unread:
+        raise typer.Exit(1)
+
+
+def ray_dashboard() -> str:
+    """Ray's dashboard: SPOTRAIN_RAY_ADDRESS, else the local stack's (its port setting)."""
+    address = os.environ.get("SPOTRAIN_RAY_ADDRESS", "").strip()
+    if not address:
+        from shared.localstack.settings import LocalStackSettings  # noqa: PLC0415  # only here
+
+        address = LocalStackSettings().dashboard_url
+    return address.rstrip("/")
 
 
 def watch(job_id: str | None, experiment: str | None = None) -> None:
@@ -510,6 +547,52 @@ def pools(learnt: bool, output: Output) -> None:
         f"spending ${status.cost_per_hour_usd:.2f}/h of a ${status.budget_per_hour_usd:.2f}/h "
         f"budget; {status.blocked_jobs} job(s) held; as of {status.updated_at:%H:%M:%S}"
     )
+
+
+def nodes(output: Output) -> None:
+    """What `spotrain pools --nodes` does: the nodes open on the ledger, with their jobs."""
+
+    async def go(client: SpotrainClient) -> tuple[Ledger, list[JobRecord]]:
+        return await asyncio.gather(client.costs(), client.jobs())
+
+    ledger, records = _run(lambda: _with_client(go))
+    rows = node_rows(ledger.inputs.nodes, records, datetime.now(UTC))
+    columns = [
+        Column("node"),
+        Column("pool", priority=1),
+        Column("jobs", priority=1),
+        Column("capacity", priority=2),
+        Column("gpus", priority=3),
+        Column("up", priority=2),
+    ]
+    if not rows and output is not Output.JSON:
+        out.print("no node is up (the scaler starts them for queued jobs)")
+        return
+    print_table(columns, rows, output, rows)
+
+
+def node_rows(
+    lives: Sequence[NodeLife], records: Sequence[JobRecord], now: datetime
+) -> list[dict[str, str]]:
+    """A row per node up now (no end on the ledger), with the active jobs on it. Pure."""
+    on: dict[str, list[str]] = defaultdict(list)
+    for record in records:
+        attempt = record.current
+        if record.is_active and attempt is not None and attempt.state is AttemptState.RUNNING:
+            for node in dict.fromkeys((*attempt.nodes, *attempt.worker_nodes)):
+                on[node].append(record.job_id)
+    return [
+        {
+            "node": life.node,
+            "pool": life.pool,
+            "capacity": life.capacity.value,
+            "gpus": str(life.gpus),
+            "up": _age(now - life.start),
+            "jobs": ", ".join(on.get(life.node, [])) or "-",
+        }
+        for life in sorted(lives, key=lambda life: life.node)
+        if life.end is None
+    ]
 
 
 def teams(as_json: bool, output: Output) -> None:
@@ -841,7 +924,9 @@ def _print_logs(dashboard: str, submission_id: str, number: int, headed: bool) -
     return text
 
 
-def _follow_logs(dashboard: str, job_id: str, submission_id: str) -> None:
+def _follow_logs(dashboard: str, job_id: str, submission_id: str) -> JobState | None:
+    """Print the running attempt's logs as they come, and the next attempt's; the state
+    the job ended in."""
     shown = 0
     while True:
         text = _ray_logs(dashboard, submission_id)
@@ -849,7 +934,7 @@ def _follow_logs(dashboard: str, job_id: str, submission_id: str) -> None:
         shown = len(text)
         record = _run(lambda: _with_client(lambda c: c.job(job_id)))
         if record is None or not record.is_active or record.current is None:
-            return
+            return record.state if record is not None else None
         if record.current.submission_id != submission_id:
             submission_id, shown = record.current.submission_id, 0
         time.sleep(1)

@@ -179,11 +179,22 @@ def pools(
             "`spotrain simulate deadline --learnt POOL --knowledge FILE` starts from.",
         ),
     ] = False,
+    nodes: Annotated[
+        bool,
+        typer.Option(
+            "--nodes",
+            help="Each node up now instead: its pool, capacity, GPUs, since when, and the "
+            "jobs on it (the names `spotrain preempt` takes).",
+        ),
+    ] = False,
     output: OutputOption = Output.TABLE,
 ) -> None:
     """Each pool: nodes, busy and free GPUs, price, and the pending demand it can serve."""
     from shared.cli import job_actions  # noqa: PLC0415  # when it runs, not for its help
 
+    if nodes:
+        job_actions.nodes(output)
+        return
     job_actions.pools(learnt, output)
 
 

@@ -167,7 +167,7 @@ def simulate(context: typer.Context) -> None:
 
 def preempt(
     node: Annotated[
-        str | None, typer.Argument(help="A node of the local stack (see `spotrain pools`).")
+        str | None, typer.Argument(help="A node of the local stack (see `spotrain pools --nodes`).")
     ] = None,
     notice: Annotated[
         str, typer.Option(help="Notice before the kill, e.g. 30s; 0 kills without notice.")

@@ -43,7 +43,11 @@ class BusSettings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="SPOTRAIN_", extra="ignore", frozen=True)
 
-    nats_url: str = "nats://127.0.0.1:4222"
+    nats_url: str = Field(
+        "nats://127.0.0.1:4222",
+        pattern=r"^(nats|tls|ws|wss)://[^\s,]+(,(nats|tls|ws|wss)://[^\s,]+)*$",
+    )
+    """One server or a comma-separated list, each nats://, tls://, ws:// or wss://."""
     nats_creds_file: str | None = None
     """A NATS credentials file, one per service in production."""
     nats_user: str | None = None

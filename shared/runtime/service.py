@@ -9,12 +9,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+import sys
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 
 import structlog
-from pydantic import Field
+from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shared.logs import configure_logging
@@ -23,6 +24,7 @@ from shared.messaging.delivery import declare_dead_letters
 from shared.messaging.jetstream import JetStreamBus
 from shared.messaging.metrics import BUS_CONNECTED
 from shared.runtime.http import start_http_endpoint
+from shared.setting_errors import setting_error_line
 
 log = structlog.get_logger()
 
@@ -191,8 +193,14 @@ async def _keep(watch: Watch, stop: asyncio.Event) -> None:
 def run(
     name: str,
     bootstrap: Bootstrap,
-    runtime: RuntimeSettings,
+    settings: Callable[[], RuntimeSettings],
 ) -> None:
-    """The body of a service's `__main__`: logging, settings, the loop."""
+    """The body of a service's `__main__`: settings, logging, the loop. A setting that is
+    wrong is one line on stderr, naming the variable, and exit status 2."""
+    try:
+        runtime, bus_settings = settings(), BusSettings()
+    except ValidationError as error:
+        print(f"{name}: error: {setting_error_line(error)}", file=sys.stderr)  # before logging
+        raise SystemExit(2) from None
     configure_logging(json=runtime.log_json, level=runtime.log_level)
-    asyncio.run(serve(name, bootstrap, bus_settings=BusSettings(), runtime=runtime))
+    asyncio.run(serve(name, bootstrap, bus_settings=bus_settings, runtime=runtime))

@@ -19,7 +19,7 @@ def main() -> None:
         )
         sys.stderr.write(f"spotrain slack bot: invalid or missing settings: {missing}\n")
         raise SystemExit(2) from None
-    run(SERVICE, bootstrap_for(settings), settings)
+    run(SERVICE, bootstrap_for(settings), lambda: settings)
 
 
 if __name__ == "__main__":

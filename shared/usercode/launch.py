@@ -42,10 +42,23 @@ def _say(message: str) -> None:
     print(f"spotrain: {message}", file=sys.stderr, flush=True)
 
 
+PROGRESS_CALLBACK: Final = "shared.usercode.ray_train_progress.ReportsAsProgress"
+
+
 def child_environment(environ: Mapping[str, str], folder: Path) -> dict[str, str]:
-    """The command's environment: the folder, and the bootstrap first on PYTHONPATH."""
+    """The command's environment: the folder, the bootstrap first on PYTHONPATH, and Ray
+    Train's reports as the job's progress (beside any callbacks the job names itself)."""
     paths = [BOOTSTRAP_FOLDER, *filter(None, environ.get("PYTHONPATH", "").split(os.pathsep))]
-    return {**environ, ENV_CHECKPOINT_DIR: str(folder), "PYTHONPATH": os.pathsep.join(paths)}
+    callbacks = [
+        *filter(None, environ.get("RAY_TRAIN_CALLBACKS", "").split(",")),
+        PROGRESS_CALLBACK,
+    ]
+    return {
+        **environ,
+        ENV_CHECKPOINT_DIR: str(folder),
+        "PYTHONPATH": os.pathsep.join(paths),
+        "RAY_TRAIN_CALLBACKS": ",".join(callbacks),
+    }
 
 
 def exit_code(returncode: int, *, noticed: bool) -> int:

@@ -3,11 +3,15 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from fractions import Fraction
 
-from shared.cli.job_actions import _cost_line, describe
+import pytest
+
+from shared.cli.job_actions import _cost_line, describe, failure_line, node_rows
 from shared.cost import CostRow, format_usd
+from shared.cost.attribution import NodeLife
 from shared.events.data import JobRequested
 from shared.events.types import Bundle, CapacityClass
 from shared.jobs import Attempt, AttemptState, JobRecord, JobState
@@ -116,3 +120,62 @@ def test_a_queued_job_says_where_it_stands_and_why_it_waits() -> None:
     unseen = describe(queued, [], NOW, queue=None)
     assert unseen[2] == "queue: not seen by the scaler yet (it decides every few seconds)"
     assert not any(line.startswith("queue:") for line in describe(record, [], NOW, queue=status))
+
+
+RAY_FAILURE = """Job entrypoint command failed with exit code 1, last available logs \
+(truncated to 20,000 chars):
+  File "train.py", line 12, in <module>
+    main()
+  File "train.py", line 9, in main
+    raise ValueError("batch size 0 is not a batch")
+ValueError: batch size 0 is not a batch
+"""
+
+
+@pytest.mark.parametrize(
+    ("message", "line"),
+    [
+        pytest.param(RAY_FAILURE, "ValueError: batch size 0 is not a batch", id="python-error"),
+        pytest.param(
+            "x\\ntorch.OutOfMemoryError: CUDA out of memory\\nsome cleanup line",
+            "torch.OutOfMemoryError: CUDA out of memory",
+            id="dotted-error-before-noise",
+        ),
+        pytest.param("exit code 3\\nsaving nothing", "saving nothing", id="no-exception"),
+        pytest.param("", "", id="nothing"),
+    ],
+)
+def test_why_a_job_failed_is_the_line_that_names_the_error(message: str, line: str) -> None:
+    assert failure_line(message.replace("\\n", "\n")) == line
+
+
+def test_show_says_why_a_failed_job_failed() -> None:
+    record = elastic_job().model_copy(
+        update={"state": JobState.FAILED, "detail": RAY_FAILURE, "updated_at": NOW}
+    )
+    assert "failed: ValueError: batch size 0 is not a batch" in describe(record, [], NOW)
+
+
+def test_pools_nodes_lists_each_node_up_with_the_jobs_on_it() -> None:
+    life = NodeLife(
+        node="gpu-spot-2",
+        pool="gpu-spot",
+        capacity=CapacityClass.SPOT,
+        gpus=2,
+        cpus=2,
+        price_per_hour_usd=0.34,
+        on_demand_price_per_hour_usd=0.85,
+        start=NOW - timedelta(minutes=3),
+    )
+    gone = replace(life, node="gpu-spot-1", end=NOW - timedelta(minutes=1))
+    rows = node_rows([life, gone], [elastic_job()], NOW)
+    assert rows == [
+        {
+            "node": "gpu-spot-2",
+            "pool": "gpu-spot",
+            "capacity": "spot",
+            "gpus": "2",
+            "up": "3m",
+            "jobs": "train-ddp-5433cd",
+        }
+    ]

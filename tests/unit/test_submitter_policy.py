@@ -563,6 +563,16 @@ def test_a_lost_worker_is_a_resize_at_once_so_the_scaler_asks_for_its_room() -> 
     assert current.short_of_workers_since == later(5)
 
 
+def test_no_worker_at_all_is_a_resize_only_when_the_next_look_says_so_too() -> None:
+    # Between a run's last step and its driver's end, Ray holds none of its workers.
+    first = policy.on_workers_seen(counted("a", "b"), (), later(5), fallback_after_s=120)
+    assert first.facts == ()
+    second = policy.on_workers_seen(first.record, (), later(10), fallback_after_s=120)
+    [resized] = [f.data for f in second.facts]
+    assert isinstance(resized, JobResized)
+    assert (resized.workers, resized.previous) == (0, 2)
+
+
 def test_a_stale_report_does_not_undo_what_ray_said_since() -> None:
     record = policy.on_progress(ELASTIC, nodes_report(5, 2), NOW).record
     shrunk = policy.on_workers_seen(record, ("a",), later(5), fallback_after_s=120).record
@@ -585,7 +595,7 @@ def test_an_elastic_attempt_short_of_its_min_for_too_long_is_lost_to_go_on_afres
     )
     assert [t.reason for t in waiting] == [
         policy.Reason.SHORT_OF_WORKERS,  # noted: short since 20
-        policy.Reason.SHORT_OF_WORKERS,  # its group is down: room for both is wanted
+        policy.Reason.SHORT_OF_WORKERS,  # its group is down (already short): room for both
         policy.Reason.SHORT_OF_WORKERS,
         policy.Reason.UNCHANGED,
     ]

@@ -16,7 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from shared.checkpoints import CheckpointRequest, LocalStorage, request_checkpoint
-from shared.usercode import launch
+from shared.usercode import launch, ray_train_runs
 from shared.usercode.checkpoint_dir import CheckpointFolder, to_copy
 
 A, B = (10, 1), (12, 2)
@@ -197,3 +197,47 @@ def test_ray_train_gets_the_platform_s_defaults_where_the_script_says_nothing(
     assert configs["unsaid"] == ["file:///ckpt/job-1", "ray-train"]
     assert configs["said"] == ["/mine", "mine"]
     assert configs["resources"] == {"CPU": 1, "spotrain-capacity-spot": 0.001}
+
+
+@pytest.mark.parametrize(
+    ("metrics", "step"),
+    [
+        pytest.param({"loss": 0.3, "step": 40, "epoch": 2}, 40, id="step-first"),
+        pytest.param({"loss": 0.3, "epoch": 7}, 7, id="an-epoch-is-a-step"),
+        pytest.param({"loss": 0.3, "training_iteration": 9.0}, 9, id="ray-s-own-count"),
+        pytest.param({"loss": 0.3}, None, id="none-named"),
+        pytest.param({"step": True}, None, id="not-a-number"),
+        pytest.param({"step": float("nan"), "epoch": 3}, 3, id="nan-is-no-step"),
+    ],
+)
+def test_a_ray_train_report_s_step_is_the_metric_that_names_it(
+    metrics: dict[str, object], step: int | None
+) -> None:
+    assert ray_train_runs.step_of(metrics) == step
+
+
+def test_the_latest_checkpoint_of_a_ray_train_run_gives_its_step(tmp_path: Path) -> None:
+    run = tmp_path / "job-1" / "ray-train"
+    store = LocalStorage()
+    assert ray_train_runs.latest_checkpoint_step(store, str(run)) is None
+    run.mkdir(parents=True)
+    snapshot = {"latest_checkpoint_result": {"metrics": {"loss": 1.0, "epoch": 17}}}
+    (run / ray_train_runs.SNAPSHOT_NAME).write_text(json.dumps(snapshot))
+    assert ray_train_runs.latest_checkpoint_step(store, str(run)) == 17
+    (run / ray_train_runs.SNAPSHOT_NAME).write_text("{not json")
+    assert ray_train_runs.latest_checkpoint_step(store, str(run)) is None
+
+
+async def test_the_checkpointer_resumes_a_ray_train_run_from_its_own_latest_step(
+    tmp_path: Path,
+) -> None:
+    from services.checkpointer.adapters.checkpoint_store import StorageCheckpoints  # noqa: PLC0415
+
+    run = tmp_path / "job-1" / "ray-train"
+    run.mkdir(parents=True)
+    snapshot = {"latest_checkpoint_result": {"metrics": {"epoch": 12}}}
+    (run / ray_train_runs.SNAPSHOT_NAME).write_text(json.dumps(snapshot))
+    latest = await StorageCheckpoints().latest(f"file://{tmp_path}/job-1")
+    assert latest is not None
+    # No helper checkpoint to hand over: the next driver restores the run by itself.
+    assert (latest.uri, latest.step) == (None, 12)

@@ -286,8 +286,9 @@ def on_workers_seen(
     worker; None: it could not say).
 
     - Other nodes or another count than recorded: it was resized (`job.resized`), and the
-      scaler asks for room for each worker it misses below its MIN at once. Not before its
-      first gang: until then its own demand stands for it.
+      scaler asks for room for each worker it misses below its MIN at once (for no worker
+      at all, at the second look). Not before its first gang: until then its own demand
+      stands for it.
     - Fewer than its MIN since `fallback_after_s` ago: Ray Train waits for room that has not
       come, so the attempt ends as lost (`short-of-workers`) and the checkpointer takes it
       on from its latest checkpoint, as for any lost attempt, with its budget and its
@@ -300,7 +301,10 @@ def on_workers_seen(
         return Transition(Reason.UNCHANGED, record)
     facts: tuple[Fact, ...] = ()
     seen = attempt
-    if len(alive) != attempt.workers or alive != attempt.worker_nodes:
+    # No worker at all, seen once, is also how a run looks between its last step and its
+    # driver's end: it counts as a resize only when the next look says so again.
+    ending = not alive and attempt.short_of_workers_since is None
+    if not ending and (len(alive) != attempt.workers or alive != attempt.worker_nodes):
         step = attempt.step if attempt.step is not None else 0
         facts = (_resized(record, attempt, len(alive), step, alive),)
         seen = attempt.model_copy(update={"workers": len(alive), "worker_nodes": alive})

@@ -1,0 +1,249 @@
+"""How fast scripts that nobody wrote for spotrain train again after a spot loss, on a real
+local stack, beside a single-node job's resume in the same run (the platform's own helper
+script, examples/train_digits.py).
+
+Starts its own stack and runs, one after the other:
+- `ray_train`: examples/byo/ray_train_as_documented.py (Ray's documented checkpointing, no
+  spotrain import) with `--workers 2`; one worker's node is killed without notice;
+- `ray_train_notice`: the same, the node preempted with a 5 s notice;
+- `torchrun`: examples/byo/torchrun_ddp.py (PyTorch's torchrun tutorial, its snapshot in
+  SPOTRAIN_CHECKPOINT_DIR) on one spot node, killed without notice;
+- `single_node`: examples/train_digits.py on one spot node, killed without notice.
+For each: seconds from the loss to training again (the first step reported after it that
+is not older than the step it went on from; for torchrun, which reports nothing, the next
+attempt's start), and the steps lost (the step reached before the loss minus the step it
+went on from). Goals (issue 31): ≤ 30 s for a Ray Train job without the helper, steps lost
+≤ one checkpoint interval, ≤ 1 with notice.
+
+    python bench/user_code.py
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from shared.client import SpotrainClient
+from shared.events import Event
+from shared.events.data import JobProgress, JobResized, JobStarted
+from shared.jobs import JobRecord
+from shared.localstack.ports import free_port, free_port_below, free_port_block
+from shared.messaging import BusSettings
+
+ROOT = Path(__file__).resolve().parent.parent
+CLI = [sys.executable, "-c", "from shared.cli.entry import main; main()"]
+
+
+def spotrain(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, *args], capture_output=True, text=True, env=env, check=False)
+
+
+def stack_env(home: Path) -> dict[str, str]:
+    nats_port = free_port()
+    return {
+        **os.environ,
+        "SPOTRAIN_LOCAL_HOME": str(home),
+        "SPOTRAIN_LOCAL_NATS_PORT": str(nats_port),
+        "SPOTRAIN_LOCAL_NATS_MONITOR_PORT": str(free_port()),
+        "SPOTRAIN_LOCAL_RAY_GCS_PORT": str(free_port_below(10_000)),
+        "SPOTRAIN_LOCAL_RAY_DASHBOARD_PORT": str(free_port_below(10_000)),
+        "SPOTRAIN_LOCAL_RAY_CLIENT_PORT": str(free_port_below(10_000)),
+        "SPOTRAIN_LOCAL_RAY_HEAD_PORT_BASE": str(free_port_block(64)),
+        "SPOTRAIN_LOCAL_SERVICE_PORT_BASE": str(free_port_block(8)),
+        "SPOTRAIN_NATS_URL": f"nats://127.0.0.1:{nats_port}",
+    }
+
+
+async def _history(env: dict[str, str], job_id: str) -> tuple[JobRecord | None, list[Event[Any]]]:
+    async with await SpotrainClient.connect(BusSettings(nats_url=env["SPOTRAIN_NATS_URL"])) as c:
+        return await c.job(job_id), await c.history(job_id)
+
+
+def history(env: dict[str, str], job_id: str) -> tuple[JobRecord | None, list[Event[Any]]]:
+    return asyncio.run(_history(env, job_id))
+
+
+def wait(env: dict[str, str], job_id: str, ok: Any, timeout_s: float = 300) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        record, events = history(env, job_id)
+        if record is not None and ok(record, events):
+            return record, events
+        time.sleep(0.25)
+    msg = f"{job_id}: timed out"
+    raise TimeoutError(msg)
+
+
+@dataclass
+class Case:
+    name: str
+    argv: tuple[str, ...]
+    workdir: Path
+    notice: str = "0"
+    multi_node: bool = False
+    reports: bool = True
+
+
+@dataclass
+class Figures:
+    resume_s: float
+    steps_lost: float
+
+
+def progress(events: list[Event[Any]]) -> list[tuple[float, int]]:
+    return [(e.time.timestamp(), e.data.step) for e in events if isinstance(e.data, JobProgress)]
+
+
+def measure(env: dict[str, str], case: Case) -> Figures:
+    submitted = spotrain(env, "submit", *case.argv[:1], "--workdir", str(case.workdir),
+                         *case.argv[1:])  # fmt: skip
+    if submitted.returncode != 0:
+        raise RuntimeError(submitted.stderr)
+    job_id = submitted.stdout.split()[-1]
+    try:
+
+        def going(record: JobRecord, events: list[Event[Any]]) -> bool:
+            if case.multi_node:
+                return (
+                    any(isinstance(e.data, JobResized) and e.data.workers >= 2 for e in events)
+                    and len(progress(events)) >= 10
+                )
+            if not case.reports:
+                return (
+                    record.current is not None
+                    and bool(record.current.nodes)
+                    and (
+                        record.checkpoint_uri is not None
+                        and Path(
+                            record.checkpoint_uri.removeprefix("file://"), "checkpoint-dir.json"
+                        ).exists()
+                    )
+                )
+            return (
+                len(progress(events)) >= 10
+                and record.current is not None
+                and bool(record.current.nodes)
+            )
+
+        record, events = wait(env, job_id, going)
+        time.sleep(2.0)  # a few steps past the last checkpoint
+        record, events = history(env, job_id)
+        assert record is not None
+        assert record.current is not None
+        if case.multi_node:
+            node = next(e.data for e in reversed(events) if isinstance(e.data, JobResized)).nodes[
+                -1
+            ]
+        else:
+            node = record.current.nodes[0]
+        reached = max((s for _, s in progress(events)), default=0)
+        lost_at = time.time()
+        gone = spotrain(env, "preempt", node, "--notice", case.notice)
+        if gone.returncode != 0:
+            raise RuntimeError(gone.stderr)
+        if case.notice != "0":
+            lost_at += float(case.notice.removesuffix("s"))
+        record, events = wait(env, job_id, lambda r, _: not r.is_active, timeout_s=400)
+    finally:
+        spotrain(env, "cancel", job_id)
+    after = [(t, s) for t, s in progress(events) if t > lost_at]
+    if case.reports and after:
+        # The step it went on from: the first reported after the loss, less one step.
+        went_on_from = after[0][1] - 1
+        before = [s for t, s in progress(events) if t <= lost_at]
+        reached = max(before, default=reached)
+        return Figures(after[0][0] - lost_at, max(reached - went_on_from, 0))
+    started = [e.time.timestamp() for e in events if isinstance(e.data, JobStarted)]
+    logs = spotrain(env, "logs", job_id).stdout
+    saved = [int(n) for n in re.findall(r"Epoch (\d+) \| Training snapshot saved", logs)]
+    resumed = [int(n) for n in re.findall(r"Resuming training from snapshot at Epoch (\d+)", logs)]
+    # Epochs it had run before the loss (every epoch logs nothing, so the last saved one
+    # bounds it from below) against the epoch it went on from.
+    lost = float(max(saved[: len(saved) - 1], default=0) - resumed[-1]) if resumed else math.nan
+    return Figures(started[-1] - lost_at if len(started) > 1 else math.nan, max(lost, 0.0))
+
+
+def main() -> None:
+    byo, examples = ROOT / "examples" / "byo", ROOT / "examples"
+    ray_train = ("ray_train_as_documented.py", "--workers", "2", "--gpus", "0", "--cpus", "1",
+                 "--spot", "--", "--epochs", "400", "--epoch-delay-s", "0.1")  # fmt: skip
+    cases = [
+        Case(
+            "single_node",
+            (
+                "train_digits.py",
+                "--gpus",
+                "0",
+                "--cpus",
+                "1",
+                "--spot",
+                "--",
+                "--steps",
+                "3000",
+                "--step-delay-s",
+                "0.02",
+                "--checkpoint-every",
+                "50",
+            ),
+            examples,
+        ),
+        Case("ray_train", ray_train, byo, multi_node=True),
+        Case("ray_train_notice", ray_train, byo, notice="5s", multi_node=True),
+        Case(
+            "torchrun",
+            (
+                "torchrun",
+                "--gpus",
+                "0",
+                "--cpus",
+                "2",
+                "--spot",
+                "--",
+                "--standalone",
+                "--nproc_per_node=2",
+                "torchrun_ddp.py",
+                "400",
+                "5",
+                "--epoch_delay_s",
+                "0.1",
+            ),
+            byo,
+            reports=False,
+        ),
+    ]
+    figures: dict[str, Figures] = {}
+    with tempfile.TemporaryDirectory() as home:
+        env = stack_env(Path(home) / "stack")
+        up = spotrain(env, "up")
+        if up.returncode != 0:
+            raise RuntimeError(up.stderr)
+        try:
+            for case in cases:
+                print(f"… {case.name}", file=sys.stderr, flush=True)
+                figures[case.name] = measure(env, case)
+        finally:
+            spotrain(env, "down")
+    print(f"{'job':<18}{'resume s':>10}{'steps lost':>12}")
+    for name, found in figures.items():
+        print(f"{name:<18}{found.resume_s:>10.1f}{found.steps_lost:>12.0f}")
+    print(json.dumps({k: vars(v) for k, v in figures.items()}))
+    print(f"user_code_resume_s_ray_train: {figures['ray_train'].resume_s:.1f}")
+    print(f"user_code_resume_s_ray_train_notice: {figures['ray_train_notice'].resume_s:.1f}")
+    print(f"user_code_resume_s_torchrun: {figures['torchrun'].resume_s:.1f}")
+    print(f"user_code_steps_lost_ray_train: {figures['ray_train'].steps_lost:.0f}")
+    print(f"user_code_steps_lost_torchrun: {figures['torchrun'].steps_lost:.0f}")
+    print(f"user_code_resume_s_single_node: {figures['single_node'].resume_s:.1f}")
+
+
+if __name__ == "__main__":
+    main()
