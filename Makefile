@@ -8,7 +8,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 DEMO_STAMP := $(VENV)/.installed-demo
 
-.PHONY: demo demo-market test lint down bench clean
+.PHONY: demo demo-market test lint docs down bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -56,7 +56,12 @@ $(TOOLS)/helm:
 $(TOOLS)/prometheus:
 	tools/install-prometheus $(TOOLS)
 
-test: lint $(TOOLS)/helm $(TOOLS)/prometheus
+# The reference site, into .site/: --strict fails on a link to a page or heading that is
+# not there.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+
+test: lint docs $(TOOLS)/helm $(TOOLS)/prometheus
 	$(BIN)/pytest
 
 down: $(DEMO_STAMP)

@@ -113,7 +113,7 @@ def resume(model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
     if checkpoint is None:
         return 0
     with checkpoint.as_directory() as folder:
-        state = torch.load(Path(folder, "state.pt"), weights_only=True)
+        state = torch.load(Path(folder, "state.pt"), weights_only=True, map_location="cpu")
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
     return int(state["step"])
@@ -124,20 +124,22 @@ def train_loop(loop_config: dict[str, Any]) -> None:
     config: Config = loop_config["config"]
     context = ray.train.get_context()
     rank, world = context.get_world_rank(), context.get_world_size()
-    x, y, x_test, y_test = load_data()
+    # The worker's GPU when it has one (DDP's allreduce is then NCCL's), else the CPU (gloo).
+    device = ray.train.torch.get_device()
+    x, y, x_test, y_test = (t.to(device) for t in load_data())
     model = new_model(config.seed)
     optimizer = torch.optim.SGD(model.parameters(), lr=config.lr)
     start = resume(model, optimizer)
     model = ray.train.torch.prepare_model(model)  # DDP: the gradients' allreduce
     progress = TrainingContext(config.environment) if rank == 0 else None  # `spotrain watch`
-    print(f"rank {rank} of {world}: starting at step {start}", flush=True)
+    print(f"rank {rank} of {world} on {device}: starting at step {start}", flush=True)
     if progress is not None:
         # The group's size at once, and where it starts: a resize shows where it went on.
         progress.report(start, {}, total_steps=config.steps, workers=world)
         progress.flush_progress()
     loss_fn = nn.CrossEntropyLoss()
     for step in range(start + 1, config.steps + 1):
-        batch = batch_of(config, step, rank, world, len(x))
+        batch = batch_of(config, step, rank, world, len(x)).to(device)
         optimizer.zero_grad()
         loss_fn(model(x[batch]), y[batch]).backward()
         optimizer.step()

@@ -9,6 +9,7 @@ import contextlib
 import json
 import os
 import re
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -920,8 +921,15 @@ def _print_logs(dashboard: str, submission_id: str, number: int, headed: bool) -
     text = _ray_logs(dashboard, submission_id)
     if headed:
         out.print(f"[bold]── attempt {number} ({submission_id}) ──[/]")
-    out.out(text, end="")
+    _write_raw(text)
     return text
+
+
+def _write_raw(text: str) -> None:
+    """Logs as they are, straight to stdout: through rich, 10 MB took 12 s to print."""
+    out.file.flush()
+    sys.stdout.write(text)
+    sys.stdout.flush()
 
 
 def _follow_logs(dashboard: str, job_id: str, submission_id: str) -> JobState | None:
@@ -930,7 +938,7 @@ def _follow_logs(dashboard: str, job_id: str, submission_id: str) -> JobState | 
     shown = 0
     while True:
         text = _ray_logs(dashboard, submission_id)
-        out.out(text[shown:], end="")
+        _write_raw(text[shown:])
         shown = len(text)
         record = _run(lambda: _with_client(lambda c: c.job(job_id)))
         if record is None or not record.is_active or record.current is None:

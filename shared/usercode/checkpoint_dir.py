@@ -5,14 +5,16 @@ it again with the latest files.
 
 The store holds the files under `<job root>/checkpoint-dir/` and a manifest beside them,
 written after the files it lists: a restore takes only what a manifest lists, so a sync cut
-short by the node's loss leaves the previous complete set. A file is copied once it has
-stood still for one scan (a script half-way through writing it is not copied), and all
-that changed at the end, once the command has exited.
+short by the node's loss leaves the previous complete set. A file is copied once nothing
+has written to it for a moment (a script half-way through writing it is not copied; one
+that rewrites it every second is copied between two writes), and all that changed at the
+end, once the command has exited.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Final
@@ -26,14 +28,26 @@ Scan = Mapping[str, tuple[int, int]]
 """A folder's files, by path relative to it: (size in bytes, modification time in ns)."""
 
 
-def to_copy(previous: Scan, current: Scan, copied: Scan, *, final: bool) -> list[str]:
+SETTLE_NS: Final = 500_000_000
+"""How long nothing may have written to a file before it is copied while the command runs."""
+
+
+def to_copy(current: Scan, copied: Scan, *, now_ns: int, final: bool) -> list[str]:
     """The files to copy to the store now: changed since they were last copied, and (but
-    at the end) unchanged since the previous scan. Pure."""
+    at the end) not written to for `SETTLE_NS`. Pure."""
     return sorted(
         name
         for name, stat in current.items()
-        if copied.get(name) != stat and (final or previous.get(name) == stat)
+        if copied.get(name) != stat and (final or now_ns - stat[1] >= SETTLE_NS)
     )
+
+
+def _stat(path: Path) -> tuple[int, int] | None:
+    try:
+        stat = path.stat()
+    except FileNotFoundError:
+        return None
+    return stat.st_size, stat.st_mtime_ns
 
 
 def scan(folder: Path) -> dict[str, tuple[int, int]]:
@@ -55,7 +69,6 @@ class CheckpointFolder:
         self._storage = storage
         self._root = root.rstrip("/")
         self.folder = folder
-        self._previous: Scan = {}
         self._copied: dict[str, tuple[int, int]] = {}
         self._listed: set[str] = set()
 
@@ -76,7 +89,7 @@ class CheckpointFolder:
             path = self.folder / name
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(data)
-        self._previous = self._copied = scan(self.folder)
+        self._copied = scan(self.folder)
         self._listed = set(names)
         return names
 
@@ -84,14 +97,22 @@ class CheckpointFolder:
         """Copy what changed to the store, then a manifest of the folder as it is; the
         names copied. Raises OSError when the store fails (the next sync tries again)."""
         current = scan(self.folder)
-        copying = to_copy(self._previous, current, self._copied, final=final)
-        self._previous = current
+        copying = to_copy(current, self._copied, now_ns=time.time_ns(), final=final)
         gone = self._listed - current.keys()
         if not copying and not gone:
             return []
+        copied = []
         for name in copying:
-            self._storage.put(self._key(name), (self.folder / name).read_bytes())
+            path = self.folder / name
+            try:
+                data = path.read_bytes()
+            except FileNotFoundError:
+                continue  # deleted since the scan
+            if not final and _stat(path) != current[name]:
+                continue  # written to while it was read: the next sync takes it
+            self._storage.put(self._key(name), data)
             self._copied[name] = current[name]
+            copied.append(name)
         listed = {name for name in current if name in self._copied}
         manifest = {"files": sorted(listed)}
         self._storage.put(f"{self._root}/{MANIFEST_KEY}", json.dumps(manifest).encode())
@@ -99,7 +120,7 @@ class CheckpointFolder:
             self._storage.delete(self._key(name))
             self._copied.pop(name, None)
         self._listed = listed
-        return copying
+        return copied
 
 
 def default_folder(tmp: str, job_id: str, attempt: int) -> Path:

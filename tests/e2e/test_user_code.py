@@ -133,7 +133,7 @@ def test_a_torchrun_script_resumes_from_the_snapshot_it_saved_to_the_checkpoint_
 ) -> None:
     job_id = submit(
         local_stack, "torchrun", "--workdir", str(BYO), "--gpus", "0", "--cpus", "2", "--spot",
-        "--", "--standalone", "--nproc_per_node=2", "torchrun_ddp.py", "120", "5",
+        "--", "--standalone", "--nproc_per_node=2", "torchrun_ddp.py", "400", "5",
         "--epoch_delay_s", "0.15",
     )  # fmt: skip
     try:
@@ -149,10 +149,12 @@ def test_a_torchrun_script_resumes_from_the_snapshot_it_saved_to_the_checkpoint_
         gone = spotrain(local_stack, "preempt", record.current.nodes[0], "--notice", "5s")
         assert gone.returncode == 0, gone.stderr
         record, events = wait_for(local_stack, job_id, "end", ended, timeout_s=300)
+        said = f"{gone.stdout}\n{spotrain(local_stack, 'show', job_id).stdout}"
     finally:
         spotrain(local_stack, "cancel", job_id)
     assert record.state is JobState.SUCCEEDED, record
     assert not [e for e in events if isinstance(e.data, JobFailed)]
+    assert len(record.attempts) >= 2, said
     [lost, last] = record.attempts[-2:]
     assert lost.cause is not None
     assert lost.cause.value == "preempted", lost

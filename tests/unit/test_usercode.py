@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -19,41 +20,42 @@ from shared.checkpoints import CheckpointRequest, LocalStorage, request_checkpoi
 from shared.usercode import launch, ray_train_runs
 from shared.usercode.checkpoint_dir import CheckpointFolder, to_copy
 
-A, B = (10, 1), (12, 2)
+SECOND = 1_000_000_000
+NOW_NS = 100 * SECOND
+OLD, FRESH, OTHER = (10, NOW_NS - 2 * SECOND), (10, NOW_NS - SECOND // 10), (12, NOW_NS - SECOND)
 
 
 @pytest.mark.parametrize(
-    ("previous", "current", "copied", "final", "expected"),
+    ("current", "copied", "final", "expected"),
     [
-        pytest.param({}, {"s.pt": A}, {}, False, [], id="new-and-maybe-half-written"),
-        pytest.param({"s.pt": A}, {"s.pt": A}, {}, False, ["s.pt"], id="new-and-still"),
-        pytest.param({"s.pt": A}, {"s.pt": B}, {"s.pt": A}, False, [], id="being-rewritten"),
-        pytest.param({"s.pt": B}, {"s.pt": B}, {"s.pt": A}, False, ["s.pt"], id="rewritten"),
-        pytest.param({"s.pt": A}, {"s.pt": A}, {"s.pt": A}, False, [], id="already-kept"),
-        pytest.param({}, {"s.pt": A}, {}, True, ["s.pt"], id="at-the-end-all-that-changed"),
+        pytest.param({"s.pt": FRESH}, {}, False, [], id="being-written"),
+        pytest.param({"s.pt": OLD}, {}, False, ["s.pt"], id="written-a-moment-ago"),
+        pytest.param({"s.pt": OTHER}, {"s.pt": OLD}, False, ["s.pt"], id="rewritten"),
+        pytest.param({"s.pt": OLD}, {"s.pt": OLD}, False, [], id="already-kept"),
+        pytest.param({"s.pt": FRESH}, {}, True, ["s.pt"], id="at-the-end-all-that-changed"),
     ],
 )
-def test_a_file_is_copied_once_it_stood_still_for_a_scan(
-    previous: dict[str, tuple[int, int]],
+def test_a_file_is_copied_once_nothing_wrote_to_it_for_a_moment(
     current: dict[str, tuple[int, int]],
     copied: dict[str, tuple[int, int]],
     final: bool,
     expected: list[str],
 ) -> None:
-    assert to_copy(previous, current, copied, final=final) == expected
+    assert to_copy(current, copied, now_ns=NOW_NS, final=final) == expected
 
 
-stats = st.dictionaries(st.sampled_from(["a", "b", "c/d"]), st.sampled_from([A, B]), max_size=3)
+stats = st.dictionaries(
+    st.sampled_from(["a", "b", "c/d"]), st.sampled_from([OLD, FRESH, OTHER]), max_size=3
+)
 
 
-@given(previous=stats, current=stats, copied=stats, final=st.booleans())
+@given(current=stats, copied=stats, final=st.booleans())
 def test_nothing_is_copied_that_is_gone_or_unchanged_since_it_was_copied(
-    previous: dict[str, tuple[int, int]],
     current: dict[str, tuple[int, int]],
     copied: dict[str, tuple[int, int]],
     final: bool,
 ) -> None:
-    for name in to_copy(previous, current, copied, final=final):
+    for name in to_copy(current, copied, now_ns=NOW_NS, final=final):
         assert name in current
         assert copied.get(name) != current[name]
 
@@ -68,7 +70,8 @@ def test_the_next_attempt_finds_the_latest_complete_set_on_a_new_node(tmp_path: 
     assert first.sync(final=True) == ["old/log.txt", "snapshot.pt"]
     (first.folder / "snapshot.pt").write_bytes(b"epoch 7, longer")
     (first.folder / "old" / "log.txt").unlink()
-    assert first.sync() == []  # changed since the last scan: it may be half-way written
+    assert first.sync() == []  # written to just now: it may be half-way written
+    time.sleep(0.6)
     assert first.sync() == ["snapshot.pt"]
     second = CheckpointFolder(store, root, tmp_path / "node-b")
     assert second.restore() == ["snapshot.pt"]
