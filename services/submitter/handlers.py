@@ -334,7 +334,7 @@ async def _record_progress(
     nodes = None
     if (attempt := record.current) is not None and policy.wants_worker_nodes(record, report):
         nodes = await deps.ray.worker_nodes(attempt.submission_id)
-        deps.worker_checks[attempt.submission_id] = deps.clock.now()  # asked for this while
+        deps.worker_checks[attempt.submission_id] = deps.clock.now()  # this interval's look
     progressed = policy.on_progress(record, report, deps.clock.now(), worker_nodes=nodes)
     new_revision = await _apply(progressed, revision, deps)
     if new_revision is None:
