@@ -6,7 +6,7 @@ it again with the latest files.
 The store holds the files under `<job root>/checkpoint-dir/` and a manifest beside them,
 written after the files it lists: a restore takes only what a manifest lists, so a sync cut
 short by the node's loss leaves the previous complete set. A file is copied once nothing
-has written to it for a moment (a script half-way through writing it is not copied; one
+has written to it for a moment (0.2 s) (a script half-way through writing it is not copied; one
 that rewrites it every second is copied between two writes), and all that changed at the
 end, once the command has exited.
 """
@@ -28,7 +28,7 @@ Scan = Mapping[str, tuple[int, int]]
 """A folder's files, by path relative to it: (size in bytes, modification time in ns)."""
 
 
-SETTLE_NS: Final = 500_000_000
+SETTLE_NS: Final = 200_000_000
 """How long nothing may have written to a file before it is copied while the command runs."""
 
 

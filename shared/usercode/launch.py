@@ -129,7 +129,7 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     try:
         environment = TrainingEnvironment.from_mapping(env)
         storage, root = storage_for(environment.checkpoint_uri)
-        sync_s = float(env.get(ENV_SYNC_S, "5"))
+        sync_s = float(env.get(ENV_SYNC_S, "2"))
     except (TrainingEnvironmentError, ValueError) as error:
         _say(str(error))
         return EXIT_USAGE

@@ -72,7 +72,7 @@ def lose_a_worker_node(env: dict[str, str], notice: str) -> tuple[JobRecord, lis
     job_id = submit(
         env, "ray_train_as_documented.py", "--workdir", str(BYO),
         "--workers", "2", "--gpus", "0", "--cpus", "1", "--spot",
-        "--", "--epochs", "120", "--epoch-delay-s", "0.15",
+        "--", "--epochs", "80", "--epoch-delay-s", "0.15",
     )  # fmt: skip
     try:
         # The platform learns where the workers are from Ray (the script reports nothing
@@ -96,7 +96,7 @@ def lose_a_worker_node(env: dict[str, str], notice: str) -> tuple[JobRecord, lis
     assert not [e for e in events if isinstance(e.data, JobFailed)]
     assert any(isinstance(e.data, JobSucceeded) for e in events)
     logs = spotrain(env, "logs", job_id).stdout
-    began = [int(n) for n in re.findall(r"started at epoch (\d+), ended at 119", logs)]
+    began = [int(n) for n in re.findall(r"started at epoch (\d+), ended at 79", logs)]
     assert began, logs[-3000:]
     assert began[-1] > 0, "it went on from its own checkpoint, not from the start"
     return record, events
@@ -133,8 +133,8 @@ def test_a_torchrun_script_resumes_from_the_snapshot_it_saved_to_the_checkpoint_
 ) -> None:
     job_id = submit(
         local_stack, "torchrun", "--workdir", str(BYO), "--gpus", "0", "--cpus", "2", "--spot",
-        "--", "--standalone", "--nproc_per_node=2", "torchrun_ddp.py", "400", "5",
-        "--epoch_delay_s", "0.15",
+        "--", "--standalone", "--nproc_per_node=2", "torchrun_ddp.py", "300", "5",
+        "--epoch_delay_s", "0.1",
     )  # fmt: skip
     try:
         record, _ = wait_for(

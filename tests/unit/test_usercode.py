@@ -71,7 +71,7 @@ def test_the_next_attempt_finds_the_latest_complete_set_on_a_new_node(tmp_path: 
     (first.folder / "snapshot.pt").write_bytes(b"epoch 7, longer")
     (first.folder / "old" / "log.txt").unlink()
     assert first.sync() == []  # written to just now: it may be half-way written
-    time.sleep(0.6)
+    time.sleep(0.3)
     assert first.sync() == ["snapshot.pt"]
     second = CheckpointFolder(store, root, tmp_path / "node-b")
     assert second.restore() == ["snapshot.pt"]
