@@ -65,6 +65,9 @@ class Attempt(Frozen):
     message: str | None = None
     step: int | None = None
     """The last training step the attempt reported."""
+    reported_at: AwareDatetime | None = None
+    """When the report the record last took was written (its `updated_at`): a report is
+    news once, and one read again later says nothing Ray has not said since."""
     total_steps: int | None = None
     """The steps the run will take, when its script says."""
     eta_s: float | None = None

@@ -356,8 +356,13 @@ async def _check_workers(
         return record, revision
     deps.worker_checks[attempt.submission_id] = now
     alive = await deps.ray.worker_nodes(attempt.submission_id)
+    waiting = await deps.ray.waits_for_room(attempt.submission_id) if alive == () else None
     transition = policy.on_workers_seen(
-        record, alive, now, fallback_after_s=deps.short_of_workers_fallback_s
+        record,
+        alive,
+        now,
+        fallback_after_s=deps.short_of_workers_fallback_s,
+        waits_for_room=waiting,
     )
     new_revision = await _apply(transition, revision, deps)
     if new_revision is None:

@@ -57,6 +57,12 @@ class RayJobs(Protocol):
         None when Ray cannot say (its state API is down, the attempt is unknown)."""
         ...
 
+    async def waits_for_room(self, submission_id: str) -> bool | None:
+        """Whether an attempt's Ray Train group waits for room (a placement group of its
+        job pending): a group with no worker alive is then down, not between two groups
+        or done. None when Ray cannot say."""
+        ...
+
     async def lost_worker_nodes(self, submission_id: str) -> tuple[str, ...] | None:
         """The nodes that held any of an attempt's Ray Train workers and are dead now:
         its failure may be theirs, not its code's. None when Ray cannot say."""

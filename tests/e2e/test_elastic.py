@@ -2,8 +2,10 @@
 Ray Train's TorchTrainer, a real gloo allreduce) on real `ray start` spot nodes. It starts
 on the 2 workers its gang needs, the scaler finds spot room for the other 2 and Ray Train
 takes it; a node with 2 of its workers is preempted with a notice: the workers save a
-checkpoint at once, the job goes on with 2 workers in the same attempt, from that
-checkpoint, and grows back to 4 once the scaler has replaced the node.
+checkpoint at once, the group restarts in the same attempt from that checkpoint on the
+workers it can hold (2; or, while it waits for room, none: the platform sees its
+placement group pending and asks for room at once), and grows back to 4 once the scaler
+has replaced the node.
 
 The workers ask for CPUs only: the local nodes declare GPUs they do not have, and DDP on a
 declared GPU would look for CUDA (NCCL). The spot pool's nodes hold 2 workers each."""
@@ -122,7 +124,7 @@ def test_a_preempted_worker_node_costs_an_elastic_job_no_attempt_and_no_step(
         assert preempted.returncode == 0, preempted.stderr
         record, events = wait_for(
             local_stack, job_id, "shrink and growth back",
-            lambda _, events: [r.workers for r in resizes(events)][-2:] == [2, 4]
+            lambda _, events: resizes(events)[-1].workers == 4
             and any(r.reason is ResizeReason.SHRANK for r in resizes(events)),
             timeout_s=240,
         )  # fmt: skip
@@ -131,10 +133,13 @@ def test_a_preempted_worker_node_costs_an_elastic_job_no_attempt_and_no_step(
     assert record is not None
     assert len(record.attempts) == 1, "the same attempt throughout"
     counts = [(r.previous, r.workers, r.reason.value) for r in resizes(events)]
-    # On 2 workers, or at once on 4 if the stack had room; 4 when the node went; then 2.
+    # On 2 workers, or at once on 4 if the stack had room; 4 when the node went; then fewer
+    # (2, or 0 while the group waited for room); then 4 again.
     at_four = next(i for i, r in enumerate(resizes(events)) if r.workers == 4)
-    assert counts[at_four + 1] == (4, 2, "shrank"), counts
-    assert counts[-1] == (2, 4, "grew"), counts
+    previous, fewer, reason = counts[at_four + 1]
+    assert (previous, reason) == (4, "shrank"), counts
+    assert fewer in (0, 2), counts
+    assert counts[-1][1:] == (4, "grew"), counts
     # The step it went on from, against the last step the group reached before (since the
     # resize that started that group: each resize starts from a checkpoint).
     at = next(
@@ -149,7 +154,7 @@ def test_a_preempted_worker_node_costs_an_elastic_job_no_attempt_and_no_step(
     assert reached - went_on_from <= 1, (reached, went_on_from)
     shrank = events[at].data
     assert isinstance(shrank, JobResized)
-    assert len(shrank.nodes) == 2, shrank
+    assert len(shrank.nodes) == shrank.workers, shrank
     assert holding[0] not in shrank.nodes, "the preempted node holds no worker any more"
     assert shrank.steps_lost == max(0, reached - went_on_from)
     # Cost charges the attempt for every node its workers held, the preempted one too.

@@ -75,6 +75,8 @@ class FakeRay:
         self.stopped: list[str] = []
         self.workers: dict[str, tuple[str, ...]] = {}
         """Submission id -> the nodes its Ray Train workers are on, as a test sets them."""
+        self.waiting: set[str] = set()
+        """Submission ids whose Ray Train group waits for room (a pending placement group)."""
         self.lost_workers: dict[str, tuple[str, ...]] = {}
         """Submission id -> the dead nodes that held its Ray Train workers."""
         self.worker_lookups: list[str] = []
@@ -91,6 +93,9 @@ class FakeRay:
     async def worker_nodes(self, submission_id: str) -> tuple[str, ...] | None:
         self.worker_lookups.append(submission_id)
         return self.workers.get(submission_id)
+
+    async def waits_for_room(self, submission_id: str) -> bool | None:
+        return submission_id in self.waiting
 
     async def lost_worker_nodes(self, submission_id: str) -> tuple[str, ...] | None:
         return self.lost_workers.get(submission_id, ())

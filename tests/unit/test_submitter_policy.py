@@ -563,14 +563,28 @@ def test_a_lost_worker_is_a_resize_at_once_so_the_scaler_asks_for_its_room() -> 
     assert current.short_of_workers_since == later(5)
 
 
-def test_no_worker_at_all_is_a_resize_only_when_the_next_look_says_so_too() -> None:
-    # Between a run's last step and its driver's end, Ray holds none of its workers.
-    first = policy.on_workers_seen(counted("a", "b"), (), later(5), fallback_after_s=120)
-    assert first.facts == ()
-    second = policy.on_workers_seen(first.record, (), later(10), fallback_after_s=120)
-    [resized] = [f.data for f in second.facts]
+def test_no_worker_at_all_is_a_resize_only_while_the_group_waits_for_room() -> None:
+    # Between two groups, or between a run's last step and its driver's end, Ray holds none
+    # of its workers either, and no placement group of the job waits.
+    between = policy.on_workers_seen(
+        counted("a", "b"), (), later(5), fallback_after_s=120, waits_for_room=False
+    )
+    assert between.reason is policy.Reason.UNCHANGED
+    down = policy.on_workers_seen(
+        counted("a", "b"), (), later(5), fallback_after_s=120, waits_for_room=True
+    )
+    [resized] = [f.data for f in down.facts]
     assert isinstance(resized, JobResized)
     assert (resized.workers, resized.previous) == (0, 2)
+
+
+def test_a_new_report_at_the_same_step_says_the_group_restarted_smaller() -> None:
+    # A notice: the workers saved at step 280, and the group went on from it with fewer.
+    record = policy.on_progress(ELASTIC, nodes_report(280, 4), NOW).record
+    restarted = nodes_report(280, 2).model_copy(update={"updated_at": later(20)})
+    transition = policy.on_progress(record, restarted, later(21))
+    [resized] = [f.data for f in transition.facts if isinstance(f.data, JobResized)]
+    assert (resized.previous, resized.workers, resized.reason) == (4, 2, ResizeReason.SHRANK)
 
 
 def test_a_stale_report_does_not_undo_what_ray_said_since() -> None:
@@ -583,7 +597,9 @@ def test_a_stale_report_does_not_undo_what_ray_said_since() -> None:
 def short_story(*seen: tuple[float, tuple[str, ...] | None]) -> list[policy.Transition]:
     record, transitions = counted("a", "b"), []
     for at_s, alive in seen:
-        transition = policy.on_workers_seen(record, alive, later(at_s), fallback_after_s=120)
+        transition = policy.on_workers_seen(
+            record, alive, later(at_s), fallback_after_s=120, waits_for_room=True
+        )
         record = transition.record
         transitions.append(transition)
     return transitions

@@ -109,6 +109,25 @@ class RayJobSubmission:
 
         return await asyncio.to_thread(worker_nodes)
 
+    async def waits_for_room(self, submission_id: str) -> bool | None:
+        def waits_for_room() -> bool | None:
+            from ray.util.state import list_placement_groups  # noqa: PLC0415  # see _connect
+
+            try:
+                ray_job = self._connect().get_job_info(submission_id).job_id
+                if not ray_job:
+                    return None
+                groups = list_placement_groups(
+                    address=self._address,
+                    filters=[("creator_job_id", "=", ray_job)],
+                    timeout=5,
+                )
+            except Exception:  # noqa: BLE001  # the state API is best effort
+                return None
+            return any(group.state in ("PENDING", "RESCHEDULING") for group in groups)
+
+        return await asyncio.to_thread(waits_for_room)
+
     async def lost_worker_nodes(self, submission_id: str) -> tuple[str, ...] | None:
         def lost_worker_nodes() -> tuple[str, ...] | None:
             from ray.util.state import get_node, list_actors  # noqa: PLC0415  # see _connect

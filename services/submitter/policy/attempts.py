@@ -265,8 +265,18 @@ def wants_worker_nodes(record: JobRecord, report: ProgressReport | None) -> bool
         return False
     return (
         attempt.workers is None
-        or (report.step != attempt.step and report.workers not in (None, attempt.workers))
+        or (is_news(attempt, report) and report.workers not in (None, attempt.workers))
         or (attempt.step is not None and report.step < attempt.step)
+    )
+
+
+def is_news(attempt: Attempt, report: ProgressReport) -> bool:
+    """Whether the record has not taken this report yet (another step, or written since):
+    only a new report says how many workers there are now, since one already taken may be
+    older than what Ray said since (`on_workers_seen`)."""
+    return attempt.step is None or (report.step, report.updated_at) != (
+        attempt.step,
+        attempt.reported_at,
     )
 
 
@@ -280,15 +290,21 @@ def watches_workers(record: JobRecord) -> bool:
 
 
 def on_workers_seen(
-    record: JobRecord, alive: tuple[str, ...] | None, now: datetime, *, fallback_after_s: float
+    record: JobRecord,
+    alive: tuple[str, ...] | None,
+    now: datetime,
+    *,
+    fallback_after_s: float,
+    waits_for_room: bool | None = None,
 ) -> Transition:
     """Ray says where a running multi-node attempt's workers are (`alive`: one node per live
     worker; None: it could not say).
 
     - Other nodes or another count than recorded: it was resized (`job.resized`), and the
-      scaler asks for room for each worker it misses below its MIN at once (for no worker
-      at all, at the second look). Not before its first gang: until then its own demand
-      stands for it.
+      scaler asks for room for each worker it misses below its MIN at once. Not before its
+      first gang: until then its own demand stands for it. No worker at all counts only
+      while its group `waits_for_room`: else Ray Train is between two groups (a restart
+      finds its room at once), or the run is past its last step, its driver ending.
     - Fewer than its MIN since `fallback_after_s` ago: Ray Train waits for room that has not
       come, so the attempt ends as lost (`short-of-workers`) and the checkpointer takes it
       on from its latest checkpoint, as for any lost attempt, with its budget and its
@@ -301,10 +317,9 @@ def on_workers_seen(
         return Transition(Reason.UNCHANGED, record)
     facts: tuple[Fact, ...] = ()
     seen = attempt
-    # No worker at all, seen once, is also how a run looks between its last step and its
-    # driver's end: it counts as a resize only when the next look says so again.
-    ending = not alive and attempt.short_of_workers_since is None
-    if not ending and (len(alive) != attempt.workers or alive != attempt.worker_nodes):
+    if not alive and not waits_for_room:
+        return Transition(Reason.UNCHANGED, record)
+    if len(alive) != attempt.workers or alive != attempt.worker_nodes:
         step = attempt.step if attempt.step is not None else 0
         facts = (_resized(record, attempt, len(alive), step, alive),)
         seen = attempt.model_copy(update={"workers": len(alive), "worker_nodes": alive})
@@ -350,9 +365,7 @@ def on_progress(
     if workers is None and worker_nodes and is_multi_node(record):
         workers = len(worker_nodes)
     moved = bool(worker_nodes) and worker_nodes != attempt.worker_nodes
-    # Only a new report says how many workers there are now: one already recorded may be
-    # older than what Ray said since (`on_workers_seen`).
-    fresh = attempt.step is None or report.step != attempt.step
+    fresh = is_news(attempt, report)
     resized = fresh and workers is not None and (workers != attempt.workers or moved)
     if attempt.step is not None and report.step <= attempt.step and not resized:
         return Transition(Reason.UNCHANGED, record)
@@ -370,6 +383,7 @@ def on_progress(
         "total_steps": report.total_steps,
         "eta_s": eta,
         "short_of_workers_since": None,  # it reports: its group is up
+        "reported_at": report.updated_at,
     }
     if resized:
         update |= {"workers": workers, "worker_nodes": nodes}
