@@ -148,7 +148,12 @@ def test_a_preempted_worker_node_costs_an_elastic_job_no_attempt_and_no_step(
         if isinstance(e.data, JobResized) and e.data.reason is ResizeReason.SHRANK
     )
     group = max(i for i, e in enumerate(events[:at]) if isinstance(e.data, JobResized))
-    reached = max(e.data.step for e in events[group:at] if isinstance(e.data, JobProgress))
+    started_at = events[group].data
+    assert isinstance(started_at, JobResized)
+    reached = max(
+        (e.data.step for e in events[group:at] if isinstance(e.data, JobProgress)),
+        default=started_at.step,  # it went without a report since that group started
+    )
     went_on_from = events[at].data.step
     assert went_on_from is not None
     assert reached - went_on_from <= 1, (reached, went_on_from)
