@@ -27,10 +27,11 @@ import tempfile
 import time
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from shared.localstack.ports import free_port, free_port_below, free_port_block
+from shared.localstack.settings import isolated_stack
 
 ROOT = Path(__file__).resolve().parent.parent
 CLI = [sys.executable, "-c", "from shared.cli.entry import main; main()"]
@@ -62,10 +63,10 @@ def show_json(env: dict[str, str], job_id: str) -> dict[str, object]:
     return dict(json.loads(shown.stdout)) if shown.returncode == 0 else {}
 
 
-def wait(what: str, ok: object, timeout_s: float) -> float:
+def wait(what: str, ok: Callable[[], bool], timeout_s: float) -> float:
     started = time.monotonic()
     while time.monotonic() - started < timeout_s:
-        if callable(ok) and ok():
+        if ok():
             return time.monotonic() - started
         time.sleep(1)
     msg = f"timed out waiting for {what}"
@@ -86,19 +87,9 @@ def main() -> int:
             f'[[pool]]\nname = "gpu-spot"\ncapacity = "spot"\ngpus = {gpus}\ncpus = 4\n'
             "price_per_hour_usd = 0.34\nboot_time_s = 10\nmin_nodes = 0\nmax_nodes = 1\n"
         )
-        nats = free_port()
         env = {
             **os.environ,
-            "SPOTRAIN_LOCAL_HOME": str(Path(home, "stack")),
-            "SPOTRAIN_LOCAL_NATS_PORT": str(nats),
-            "SPOTRAIN_LOCAL_NATS_MONITOR_PORT": str(free_port()),
-            "SPOTRAIN_LOCAL_RAY_GCS_PORT": str(free_port_below(10_000)),
-            "SPOTRAIN_LOCAL_RAY_DASHBOARD_PORT": str(free_port_below(10_000)),
-            "SPOTRAIN_LOCAL_RAY_CLIENT_PORT": str(free_port_below(10_000)),
-            "SPOTRAIN_LOCAL_RAY_HEAD_PORT_BASE": str(free_port_block(64)),
-            "SPOTRAIN_LOCAL_SERVICE_PORT_BASE": str(free_port_block(8)),
-            "SPOTRAIN_LOCAL_PROMETHEUS_PORT": str(free_port()),
-            "SPOTRAIN_NATS_URL": f"nats://127.0.0.1:{nats}",
+            **isolated_stack(Path(home, "stack")).environment(),
             "SPOTRAIN_SCALER_POOLS_FILE": str(pools),
         }
         up = spotrain(env, "up", "--prometheus")

@@ -40,7 +40,7 @@ from shared.client import SpotrainClient
 from shared.events import Event
 from shared.events.data import JobProgress, JobResized, JobResumed, JobStarted
 from shared.jobs import JobRecord
-from shared.localstack.ports import free_port, free_port_below, free_port_block
+from shared.localstack.settings import isolated_stack
 from shared.messaging import BusSettings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -52,19 +52,7 @@ def spotrain(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str
 
 
 def stack_env(home: Path) -> dict[str, str]:
-    nats_port = free_port()
-    return {
-        **os.environ,
-        "SPOTRAIN_LOCAL_HOME": str(home),
-        "SPOTRAIN_LOCAL_NATS_PORT": str(nats_port),
-        "SPOTRAIN_LOCAL_NATS_MONITOR_PORT": str(free_port()),
-        "SPOTRAIN_LOCAL_RAY_GCS_PORT": str(free_port_below(10_000)),
-        "SPOTRAIN_LOCAL_RAY_DASHBOARD_PORT": str(free_port_below(10_000)),
-        "SPOTRAIN_LOCAL_RAY_CLIENT_PORT": str(free_port_below(10_000)),
-        "SPOTRAIN_LOCAL_RAY_HEAD_PORT_BASE": str(free_port_block(64)),
-        "SPOTRAIN_LOCAL_SERVICE_PORT_BASE": str(free_port_block(8)),
-        "SPOTRAIN_NATS_URL": f"nats://127.0.0.1:{nats_port}",
-    }
+    return {**os.environ, **isolated_stack(home).environment()}
 
 
 async def _history(env: dict[str, str], job_id: str) -> tuple[JobRecord | None, list[Event[Any]]]:

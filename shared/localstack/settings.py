@@ -39,6 +39,20 @@ class LocalStackSettings(BaseSettings):
     prometheus_binary: Path | None = None
     """Else `.tools/bin/prometheus` in the repository (tools/install-prometheus), else PATH."""
 
+    def environment(self) -> dict[str, str]:
+        """These settings as the variables that give them to another process (`spotrain`
+        run as a subprocess, a service): its home, every port, and the bus URL."""
+        ports = {
+            name: value
+            for name, value in self.model_dump().items()
+            if name.endswith("_port") or name.endswith("_port_base")
+        }
+        return {
+            "SPOTRAIN_LOCAL_HOME": str(self.home),
+            **{f"SPOTRAIN_LOCAL_{name.upper()}": str(value) for name, value in ports.items()},
+            "SPOTRAIN_NATS_URL": self.nats_url,
+        }
+
     @property
     def nats_url(self) -> str:
         return f"nats://{self.host}:{self.nats_port}"

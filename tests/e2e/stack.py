@@ -16,8 +16,8 @@ from typing import Any
 
 from shared.client import SpotrainClient
 from shared.jobs import JobRecord
-from shared.localstack.ports import free_port, free_port_below, free_port_block
 from shared.localstack.processes import ProcessRecord
+from shared.localstack.settings import isolated_stack
 
 CLI = [sys.executable, "-c", "from shared.cli.entry import main; main()"]
 
@@ -32,21 +32,7 @@ def spotrain(
 
 def stack_env(home: Path) -> dict[str, str]:
     """A stack of its own: its own state directory and free ports for everything."""
-    nats_port = free_port()
-    service_base = free_port_block(8)  # the services take base+1 to base+4
-    return {
-        **os.environ,
-        "SPOTRAIN_LOCAL_HOME": str(home),
-        "SPOTRAIN_LOCAL_NATS_PORT": str(nats_port),
-        "SPOTRAIN_LOCAL_NATS_MONITOR_PORT": str(free_port()),
-        "SPOTRAIN_LOCAL_RAY_GCS_PORT": str(free_port_below(10_000)),
-        "SPOTRAIN_LOCAL_RAY_DASHBOARD_PORT": str(free_port_below(10_000)),
-        "SPOTRAIN_LOCAL_RAY_CLIENT_PORT": str(free_port_below(10_000)),
-        "SPOTRAIN_LOCAL_RAY_HEAD_PORT_BASE": str(free_port_block(64)),
-        "SPOTRAIN_LOCAL_SERVICE_PORT_BASE": str(service_base),
-        "SPOTRAIN_LOCAL_PROMETHEUS_PORT": str(free_port()),
-        "SPOTRAIN_NATS_URL": f"nats://127.0.0.1:{nats_port}",
-    }
+    return {**os.environ, **isolated_stack(home).environment()}
 
 
 def sessions(home: Path) -> dict[str, int]:

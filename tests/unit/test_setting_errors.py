@@ -5,11 +5,12 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
-from shared.localstack.settings import LocalStackSettings
+from shared.localstack.settings import LocalStackSettings, isolated_stack
 from shared.setting_errors import is_settings_error, setting_error_line
 
 
@@ -50,3 +51,13 @@ def test_a_wrong_setting_is_one_line_and_exit_2(argv: list[str], variable: str, 
     assert done.returncode == 2, done.stderr
     [line] = done.stderr.strip().splitlines()
     assert variable in line, line
+
+
+def test_a_stack_s_settings_pass_to_another_process_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings = isolated_stack(tmp_path / "stack")
+    for name, value in settings.environment().items():
+        monkeypatch.setenv(name, value)
+    assert LocalStackSettings() == settings
+    assert settings.environment()["SPOTRAIN_NATS_URL"] == settings.nats_url
