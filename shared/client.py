@@ -8,6 +8,7 @@ for the jobs they may read (`shared.desk`). It never imports Ray, so it is quick
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import getpass
 import re
@@ -23,8 +24,17 @@ from pydantic import ValidationError
 
 from shared.clock import Clock, SystemClock
 from shared.cost import COST_EVENTS, Ledger, PoolPrice, ledger
-from shared.desk import MAX_WAIT_S, Ask, DeskAnswer, DeskAsk, desk_subject
-from shared.events import Event, EventData, decode, new_event, subject_for, subjects_for
+from shared.desk import (
+    MAX_WAIT_S,
+    PART_BYTES,
+    Ask,
+    DeskAnswer,
+    DeskAsk,
+    UploadPart,
+    desk_subject,
+    part_offsets,
+)
+from shared.events import Event, EventData, decode, encode, new_event, subject_for, subjects_for
 from shared.events.data import (
     JobAccepted,
     JobCancelled,
@@ -34,6 +44,7 @@ from shared.events.data import (
     JobRequested,
     JobSucceeded,
 )
+from shared.events.types import ObjectRef
 from shared.jobs import JobRecord, jobs_bucket
 from shared.messaging import BusSettings
 from shared.messaging.jetstream import BusUnavailableError, JetStreamBus
@@ -55,7 +66,7 @@ from shared.pools import (
 )
 from shared.teams import STATUS_KEY as TEAMS_STATUS_KEY
 from shared.teams import TeamsStatus, teams_bucket
-from shared.workspace import pack, upload
+from shared.workspace import PackedWorkspace, pack, upload
 
 TERMINAL_EVENTS = (JobSucceeded, JobFailed, JobCancelled, JobRejected)
 
@@ -132,9 +143,30 @@ class SpotrainClient:
     def prefix(self) -> str:
         return self._bus.prefix
 
-    async def upload_workspace(self, root: Path) -> Any:
+    async def upload_workspace(self, root: Path, owner: str | None = None) -> ObjectRef:
+        """Pack `root` and store it as `owner`'s (the person connected, else the login
+        name): a job may only run its own owner's workspace."""
         packed = await asyncio.to_thread(pack, root)
-        return await upload(self._bus.client.jetstream(), self.prefix, packed)
+        if self._person is not None:
+            return await self._upload_asking(packed)
+        owner = owner or current_user()
+        return await upload(self._bus.client.jetstream(), self.prefix, packed, owner)
+
+    async def _upload_asking(self, packed: PackedWorkspace) -> ObjectRef:
+        """Up through the desk, part after part; the first answer is the workspace at once
+        when this person stored the same tree before."""
+        for offset in part_offsets(len(packed.data)):
+            raw = packed.data[offset : offset + PART_BYTES]
+            part = UploadPart(
+                sha256=packed.sha256,
+                size=len(packed.data),
+                offset=offset,
+                data=base64.b64encode(raw).decode(),
+            )
+            answer = await self._ask(DeskAsk(ask=Ask.UPLOAD, part=part))
+            if answer.workspace is not None:
+                return answer.workspace
+        raise PlatformError("the desk took every part of the workspace but did not store it")
 
     async def submit(
         self, request: JobRequested, *, answer_timeout_s: float = 5.0
@@ -256,6 +288,9 @@ class SpotrainClient:
             time=self._clock.now(),
             subject=job_id,
         )
+        if self._person is not None:
+            await self._ask(DeskAsk(ask=Ask.SUBMIT, event=encode(event).decode()))
+            return
         await self._bus.publish(event)
 
     async def jobs(self) -> list[JobRecord]:
@@ -345,20 +380,18 @@ class SpotrainClient:
     async def cost_events(self) -> list[Event[EventData]]:
         """The stored events cost accounting reads (node lifetimes, job placements and
         outcomes), oldest first; job progress, the bulk of the stream, is not read.
-        A person reads the node events, and asks the desk for the jobs': others' jobs come
-        under an alias, with only what the bill needs (`shared.desk.hidden`)."""
-        models = COST_EVENTS
-        if self._person is not None:
-            models = tuple(model for model in COST_EVENTS if model.aggregate != "job")
-        subjects = subjects_for(models, self.prefix)
-        try:
-            batches = await asyncio.gather(*(self._bus.read(subject) for subject in subjects))
-        except nats.js.errors.NotFoundError:
-            return []  # no stream yet: nothing was ever recorded
-        stored = [(m.seq, m.data) for batch in batches for m in batch]
+        A person asks the desk for them: others' jobs come under an alias, with only what
+        the bill needs (`shared.desk.hidden`)."""
         if self._person is not None:
             pages = await self._pages(DeskAsk(ask=Ask.COST))
-            stored += [(e.seq, e.event.encode()) for answer in pages for e in answer.events]
+            stored = [(e.seq, e.event.encode()) for answer in pages for e in answer.events]
+        else:
+            subjects = subjects_for(COST_EVENTS, self.prefix)
+            try:
+                batches = await asyncio.gather(*(self._bus.read(subject) for subject in subjects))
+            except nats.js.errors.NotFoundError:
+                return []  # no stream yet: nothing was ever recorded
+            stored = [(m.seq, m.data) for batch in batches for m in batch]
         events = []
         for _, data in sorted(stored, key=lambda pair: pair[0]):
             try:
@@ -404,8 +437,15 @@ class SpotrainClient:
     async def teams(self) -> TeamsStatus | None:
         """The submitter's latest view of teams: quotas, holds, jobs waiting; None on a
         platform without a teams file (or before the submitter's first pass)."""
-        value = await self._entry(teams_bucket(self.prefix), TEAMS_STATUS_KEY)
+        if self._person is not None:
+            value = await self._asked_entry(Ask.TEAMS, TEAMS_STATUS_KEY)
+        else:
+            value = await self._entry(teams_bucket(self.prefix), TEAMS_STATUS_KEY)
         return TeamsStatus.model_validate_json(value) if value else None
+
+    async def _asked_entry(self, ask: Ask, key: str) -> bytes | None:
+        entry = (await self._ask(DeskAsk(ask=ask))).entries.get(key)
+        return entry.encode() if entry is not None else None
 
     async def _ask(self, ask: DeskAsk) -> DeskAnswer:
         """One ask of the records desk, on this person's own subject."""
@@ -448,14 +488,15 @@ class SpotrainClient:
     async def _submit_asking(
         self, request: JobRequested, answer_timeout_s: float
     ) -> Event[JobAccepted] | Event[JobRejected] | None:
-        """Submit as a person: publish, then ask the desk for the job's first answer."""
+        """Submit as a person: the desk puts the request on the bus, under their name; then
+        ask it for the job's first answer."""
         event = new_event(
             request, source=f"cli/{request.owner}", time=self._clock.now(), subject=request.job_id
         )
-        ack = await self._bus.publish(event)
+        stored = await self._ask(DeskAsk(ask=Ask.SUBMIT, event=encode(event).decode()))
         deadline = asyncio.get_running_loop().time() + answer_timeout_s
         # The answer comes after the request: the stream stored it after this sequence.
-        ask = DeskAsk(ask=Ask.HISTORY, job_id=request.job_id, after_seq=ack.seq)
+        ask = DeskAsk(ask=Ask.HISTORY, job_id=request.job_id, after_seq=stored.next_seq)
         while (left := deadline - asyncio.get_running_loop().time()) > 0:
             try:
                 answer = await self._ask(ask.model_copy(update={"wait_s": min(left, MAX_WAIT_S)}))
@@ -469,6 +510,8 @@ class SpotrainClient:
 
     async def _pools_entry(self, key: str) -> bytes | None:
         """One key of the scaler's `pools` bucket; None while there is no such key."""
+        if self._person is not None:
+            return await self._asked_entry(Ask.POOLS, key)
         return await self._entry(pools_bucket(self.prefix), key)
 
     async def _entry(self, bucket: str, key: str) -> bytes | None:

@@ -1,11 +1,14 @@
-"""The records desk: how a person with a credential of their own reads jobs.
+"""The desk: all a person with a credential of their own does on the platform, they ask.
 
-A person may not read the `jobs` bucket or the job events on the bus themselves: records
-and events hold `--env` values, often API tokens, and the server cannot tell one owner's
-key from another's. They ask the desk instead, a request on `<prefix>_desk.<their name>`
-(the only one the server lets them send, so the name is proven), and the submitter, which
-knows the records and the teams, answers with what they may see: their own jobs and their
-team's. Outside the event stream's `<prefix>.>`, so asks are not stored as events.
+A person's credential publishes on one subject, `<prefix>_desk.<their name>` (so the name
+is proven by the server), and hears replies in an inbox of its own; it has no JetStream
+API right at all. So no route lets the server publish for them (a direct get, a consumer's
+delivery, a publish's ack, each sent wherever its asker says), and nothing stored on the
+bus is theirs to read, take, create or delete. The submitter answers each ask with what
+they may see and do: their own jobs and their team's (records and events hold `--env`
+values, often API tokens), the pools, the teams. It puts their requests and their uploaded
+workspaces on the bus itself, under their name. Outside the event stream's `<prefix>.>`,
+so asks are not stored as events.
 
 Messages and the pure parts (paging, what a hidden job's cost events keep). No I/O.
 """
@@ -17,16 +20,20 @@ from collections.abc import Callable, Sequence
 from enum import StrEnum
 from typing import Annotated, Any, TypeVar
 
-from pydantic import Field
+from pydantic import Field, StringConstraints
 
 from shared.events import Event
 from shared.events.data import JobAccepted, JobFailed, JobRejected, JobRequested
-from shared.events.types import Frozen, JobId
+from shared.events.types import Frozen, JobId, ObjectRef
 from shared.jobs import JobRecord
+from shared.workspace import DEFAULT_LIMIT_BYTES
 
 ANSWER_LIMIT_BYTES = 512 * 1024
 """The most an answer carries (the server's default message limit is 1 MiB); past it the
 answer says `more` and where to go on from."""
+
+REQUEST_LIMIT_BYTES = 256 * 1024
+"""The most a request's envelope may hold."""
 
 MAX_WAIT_S = 20.0
 """The longest an ask may wait for news: a follower asks again after it."""
@@ -48,11 +55,43 @@ def desk_subjects(prefix: str) -> str:
     return f"{prefix}_desk.>"
 
 
+def replies_to_asker(reply: str, person: str) -> bool:
+    """Whether an ask's reply subject is the asker's own inbox. The desk answers no other:
+    an answer published to a subject the asker chose (the event stream's, someone else's
+    inbox) would go there with the submitter's rights."""
+    return reply.startswith(f"{person_inbox_prefix(person)}.")
+
+
+def person_inbox_prefix(name: str) -> str:
+    """A person's replies arrive under a prefix of their own. From a digest of the name: a
+    name may hold dots, and `_INBOX_jane.>` would cover `jane.doe`'s replies too."""
+    return f"_INBOX_u{hashlib.sha256(name.encode()).hexdigest()[:20]}"
+
+
+def person_event_id(person: str, event_id: str) -> str:
+    """The id a person's request is stored under: in a namespace of their own (no id any
+    service or other person gives has it), so the stream's de-duplication of ids drops a
+    request sent twice, and never another's event."""
+    digest = hashlib.sha256(f"{person}\n{event_id}".encode()).hexdigest()
+    return f"person:{hashlib.sha256(person.encode()).hexdigest()[:16]}:{digest[:40]}"
+
+
 def asker(subject: str, prefix: str) -> str | None:
     """The person an ask came from: its subject, which the server let only them send on."""
     head = f"{prefix}_desk."
     name = subject.removeprefix(head)
     return name if subject.startswith(head) and name else None
+
+
+PART_BYTES = 256 * 1024
+"""One part of a workspace going up through the desk (base64 in the ask: about 342 KiB)."""
+
+DESK = "desk"
+"""Whose dead letters a refused request is (`<prefix>.dlq.desk`)."""
+
+MOST_ASKS_PER_PERSON = 16
+"""Asks of one person answered at once; past it the desk refuses at once, so one person's
+flood of slow asks leaves room for everyone else's."""
 
 
 class Ask(StrEnum):
@@ -63,8 +102,51 @@ class Ask(StrEnum):
     HISTORY = "history"
     """One job's stored events, after a stream sequence, waiting up to `wait_s` for news."""
     COST = "cost"
-    """The job events cost accounting reads, every job's: the reader's own and their team's
-    as they are, anyone else's under an alias with nothing but what the bill needs."""
+    """The job and node events cost accounting reads, every job's: the reader's own and
+    their team's as they are, anyone else's under an alias with nothing but what the bill
+    needs."""
+    SUBMIT = "submit"
+    """Put a request (`job.requested`, `job.cancel_requested`) on the bus, on the
+    asker's own subject; the answer says where the stream stored it (`next_seq`)."""
+    POOLS = "pools"
+    """The scaler's view of the pools (`spotrain pools`, `top`, `cost`)."""
+    TEAMS = "teams"
+    """The submitter's view of the teams."""
+    UPLOAD = "upload"
+    """One part of a workspace; the last part's answer is the stored workspace."""
+
+
+class UploadPart(Frozen):
+    """One part of a packed workspace: parts go up in order, each `PART_BYTES` but the
+    last; the first answer is the workspace at once when the owner already stored it."""
+
+    sha256: Annotated[str, StringConstraints(pattern=r"^[0-9a-f]{64}$")]
+    size: Annotated[int, Field(ge=1, le=DEFAULT_LIMIT_BYTES)]
+    offset: Annotated[int, Field(ge=0)]
+    data: Annotated[str, StringConstraints(max_length=(PART_BYTES * 4) // 3 + 4)]
+    """The part's bytes, base64."""
+
+    def part_problem(self, raw: bytes) -> str | None:
+        """Why this part cannot be one of its workspace's, or None."""
+        if self.offset % PART_BYTES or self.offset >= self.size:
+            return f"a part starts at {self.offset}: parts start at multiples of {PART_BYTES}"
+        expected = min(PART_BYTES, self.size - self.offset)
+        if len(raw) != expected:
+            return f"the part at {self.offset} holds {len(raw)} bytes, not {expected}"
+        return None
+
+    @property
+    def is_last(self) -> bool:
+        return self.offset + PART_BYTES >= self.size
+
+
+def part_offsets(size: int) -> range:
+    """Where each part of a workspace of `size` bytes starts."""
+    return range(0, size, PART_BYTES)
+
+
+def part_name(owner: str, sha256: str, offset: int) -> str:
+    return f"{owner}.{sha256}.{offset:012d}"
 
 
 class DeskAsk(Frozen):
@@ -73,6 +155,10 @@ class DeskAsk(Frozen):
     after_seq: Annotated[int, Field(ge=0)] = 0
     """Only what the stream stored after this sequence (where the last answer ended)."""
     wait_s: Annotated[float, Field(ge=0, le=MAX_WAIT_S)] = 0.0
+    event: Annotated[str, StringConstraints(max_length=REQUEST_LIMIT_BYTES)] | None = None
+    """For `submit`: the request, as a CloudEvents JSON envelope."""
+    part: UploadPart | None = None
+    """For `upload`."""
 
 
 class StoredEvent(Frozen):
@@ -93,6 +179,10 @@ class DeskAnswer(Frozen):
     admin), as the submitter will decide."""
     refused: str | None = None
     """Why the desk would not answer, for the user."""
+    entries: dict[str, str] = Field(default_factory=dict)
+    """For `pools` and `teams`: the bucket's keys the client reads, as they are stored."""
+    workspace: ObjectRef | None = None
+    """For `upload`: the workspace, once stored whole."""
 
 
 def page(items: Sequence[T], size: Callable[[T], int], limit: int = ANSWER_LIMIT_BYTES) -> int:

@@ -151,7 +151,7 @@ class JobRecord(Frozen):
 
     @property
     def gpus(self) -> int:
-        return self.request.worker.gpus * self.request.num_workers
+        return self.request.most_gpus
 
     @property
     def current(self) -> Attempt | None:

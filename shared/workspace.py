@@ -21,6 +21,10 @@ from nats.js.api import ObjectStoreConfig, StorageType
 from shared.events.types import ObjectRef
 
 DEFAULT_LIMIT_BYTES = 100 * 1024**2
+"""The most a workspace holds, packed or unpacked."""
+MAX_FILES = 100_000
+UPLOADS_MAX_AGE_S = 3600.0
+"""How long a part of an upload through the desk is kept, should its upload never end."""
 ALWAYS_IGNORED = (".git/", ".hg/", ".venv/", "venv/", "__pycache__/", "*.pyc", ".mypy_cache/",
                   ".pytest_cache/", ".ruff_cache/", ".ipynb_checkpoints/")  # fmt: skip
 
@@ -97,27 +101,103 @@ def pack(root: Path, *, limit_bytes: int = DEFAULT_LIMIT_BYTES) -> PackedWorkspa
     return PackedWorkspace(data=data, sha256=hashlib.sha256(data).hexdigest(), files=len(files))
 
 
-def unpack(data: bytes, destination: Path) -> None:
-    """Extract into `destination`, refusing names that would escape it."""
+def unpacked_size(data: bytes, *, limit_bytes: int = DEFAULT_LIMIT_BYTES) -> int:
+    """What `data` holds once unpacked, as its zip directory says; a WorkspaceError for a
+    zip that is not one, holds too many files, or says it unpacks past `limit_bytes` (a
+    zip bomb: a few MiB that expand to GBs). `unpack` counts again as it writes: a
+    directory may lie."""
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            entries = archive.infolist()
+    except (zipfile.BadZipFile, ValueError) as error:
+        raise WorkspaceError(f"a workspace is not a zip file: {error}") from None
+    if len(entries) > MAX_FILES:
+        raise WorkspaceError(f"a workspace holds {len(entries)} files; at most {MAX_FILES}")
+    total = sum(entry.file_size for entry in entries)
+    if total > limit_bytes:
+        raise WorkspaceError(_too_big(total, limit_bytes))
+    return total
+
+
+def unpack(data: bytes, destination: Path, *, limit_bytes: int = DEFAULT_LIMIT_BYTES) -> None:
+    """Extract into `destination`, refusing names that would escape it and, whatever the
+    zip's directory says, more than `limit_bytes` written in all."""
+    unpacked_size(data, limit_bytes=limit_bytes)
+    root = destination.resolve()
+    written = 0
     with zipfile.ZipFile(io.BytesIO(data)) as archive:
-        for name in archive.namelist():
-            target = (destination / name).resolve()
-            if not target.is_relative_to(destination.resolve()):
-                raise WorkspaceError(f"refusing {name!r}: it points outside the workspace")
-        archive.extractall(destination)
+        entries = archive.infolist()
+        for entry in entries:
+            target = (destination / entry.filename).resolve()
+            if not target.is_relative_to(root):
+                raise WorkspaceError(
+                    f"refusing {entry.filename!r}: it points outside the workspace"
+                )
+        for entry in entries:
+            target = root / entry.filename
+            if entry.is_dir():
+                target.mkdir(parents=True, exist_ok=True)
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with archive.open(entry) as source, target.open("wb") as sink:
+                try:
+                    while chunk := source.read(1024**2):
+                        written += len(chunk)
+                        if written > limit_bytes:
+                            raise WorkspaceError(_too_big(written, limit_bytes))
+                        sink.write(chunk)
+                except zipfile.BadZipFile as error:  # a size or CRC that lies
+                    raise WorkspaceError(f"a workspace's zip is damaged: {error}") from None
+            if mode := (entry.external_attr >> 16) & 0o777:
+                target.chmod(mode)
+
+
+def _too_big(size: int, limit_bytes: int) -> str:
+    return (
+        f"a workspace unpacks to more than {limit_bytes // 1024**2} MiB "
+        f"({size // 1024**2} MiB or more); add large files to .spotrainignore"
+    )
+
+
+def workspace_object_name(owner: str, sha256: str) -> str:
+    """Where the platform keeps an owner's workspace: under their own name, so a job can
+    only name its owner's code, never another's of the same content."""
+    return f"{owner}.{sha256}.zip"
+
+
+def uploads_bucket(prefix: str) -> str:
+    """Where a person's workspace waits in parts while it goes up through the desk; parts
+    left behind expire (`UPLOADS_MAX_AGE_S`)."""
+    return f"{prefix}-uploads"
 
 
 def workspaces_bucket(prefix: str) -> str:
     return f"{prefix}-workspaces"
 
 
-async def upload(js: JetStreamContext, prefix: str, packed: PackedWorkspace) -> ObjectRef:
-    """Store the zip under its own hash: uploading the same tree twice stores it once."""
+async def declare_stores(js: JetStreamContext, prefix: str) -> None:
+    """The workspace stores, declared by their writer (the submitter) at start: never on
+    first use, by whoever comes first with a configuration of their own."""
+    for bucket, max_age in (
+        (workspaces_bucket(prefix), 0.0),
+        (uploads_bucket(prefix), UPLOADS_MAX_AGE_S),
+    ):
+        config = ObjectStoreConfig(bucket=bucket, storage=StorageType.FILE, ttl=max_age or None)
+        await js.create_object_store(bucket, config=config)
+
+
+async def upload(
+    js: JetStreamContext, prefix: str, packed: PackedWorkspace, owner: str
+) -> ObjectRef:
+    """Store the zip under its owner's name and its hash: the same tree twice is stored
+    once. For a role's credential; a person's goes up through the records desk."""
     bucket = workspaces_bucket(prefix)
-    store = await js.create_object_store(
-        bucket, config=ObjectStoreConfig(bucket=bucket, storage=StorageType.FILE)
-    )
-    name = f"{packed.sha256}.zip"
+    try:
+        store = await js.object_store(bucket)
+    except nats.js.errors.NotFoundError:
+        msg = "there is no workspace store yet: the submitter declares it when it starts"
+        raise WorkspaceError(msg) from None
+    name = workspace_object_name(owner, packed.sha256)
     try:
         # Named by its hash: one already stored is this very tree. Storing it again would
         # purge the old chunks, a right the CLI's NATS user does not have.

@@ -29,6 +29,7 @@ from shared.messaging import EventBus, Subscription, bind_routes
 from shared.messaging.jetstream import JetStreamBus
 from shared.runtime import ServiceDefinition, Ticker, Watch
 from shared.teams import teams_bucket
+from shared.workspace import declare_stores, workspaces_bucket
 
 
 async def bootstrap(bus: EventBus, stack: AsyncExitStack) -> ServiceDefinition:
@@ -38,6 +39,8 @@ async def bootstrap(bus: EventBus, stack: AsyncExitStack) -> ServiceDefinition:
         raise TypeError(msg)
     metrics.declare()
     js = bus.client.jetstream()
+    # Declared by their writer at start, never on first use by whoever comes first.
+    await declare_stores(js, bus.prefix)
     # A bad teams file stops the start here, with its one line; once running, a bad edit
     # is refused and the last valid teams stay (TeamsFile).
     teams = TeamsFile(settings.teams_file) if settings.teams_file is not None else None
@@ -65,6 +68,7 @@ async def bootstrap(bus: EventBus, stack: AsyncExitStack) -> ServiceDefinition:
         default_max_hours=settings.default_max_hours,
         admission_view_max_age_s=settings.admission_view_max_age_s,
         secrets=SecretFiles(settings.secrets_dir),
+        workspace_bucket=workspaces_bucket(bus.prefix),
     )
 
     async def track() -> None:

@@ -31,7 +31,7 @@ from services.submitter.ports import (
 )
 from shared.checkpoints import CheckpointRequest, StopAsk
 from shared.clock import Clock
-from shared.events import Event, EventData, new_event
+from shared.events import DEFAULT_PREFIX, Event, EventData, new_event
 from shared.events.data import (
     InterruptionCause,
     JobAccepted,
@@ -50,6 +50,7 @@ from shared.events.types import CapacityClass
 from shared.messaging import EventPublisher, HandlerWithDeps, RetryLater, Unhandleable
 from shared.pools import gpu_hour_usd
 from shared.teams import Teams
+from shared.workspace import workspaces_bucket
 
 SERVICE = "submitter"
 log = structlog.get_logger()
@@ -96,6 +97,8 @@ class Deps:
     """Submission id -> when Ray was last asked for its workers by this replica."""
     pools: PoolsReader | None = None
     """Prices and owners' spend, for team budgets."""
+    workspace_bucket: str = workspaces_bucket(DEFAULT_PREFIX)
+    """The platform's workspace store: the only one a request's working directory may name."""
     secrets: Secrets | None = None
     """Where `--secret` names are looked up; None: a job naming one is refused."""
     default_max_hours: float = 24.0
@@ -392,6 +395,9 @@ async def _admit_alone(event: Event[JobRequested], deps: Deps) -> tuple[JobRecor
     unknown = await _unknown_secrets(request, deps)
     if unknown and isinstance(decision, policy.Accept):
         decision = policy.Reject(RejectionReason.INVALID, policy.unknown_secrets_detail(unknown))
+    not_theirs = policy.workspace_refusal(request, deps.workspace_bucket)
+    if not_theirs is not None:
+        decision = policy.Reject(RejectionReason.INVALID, not_theirs)
     found_team = deps.teams.current().team_of(request.owner) if deps.teams is not None else None
     if isinstance(decision, policy.Accept) and deps.teams is not None:
         decision = await _admit_in_team(request, records, deps)

@@ -134,7 +134,7 @@ async def run_demo(
             owner="demo",
             experiment="preemption-demo",
             entrypoint=tuple(run.argv(delay=True)),
-            working_dir=await client.upload_workspace(workdir),
+            working_dir=await client.upload_workspace(workdir, owner="demo"),
             worker=Bundle(gpus=1, cpus=1),
             capacity=CapacityClass.SPOT,
         )

@@ -131,7 +131,7 @@ async def run_market_demo(out: Console, *, workdir: Path, timeout_s: float) -> R
                 "--report-every=5",
                 "--checkpoint-every=10",
             ),
-            working_dir=await client.upload_workspace(workdir),
+            working_dir=await client.upload_workspace(workdir, owner="demo"),
             worker=Bundle(gpus=2, cpus=1),
             capacity=CapacityClass.ANY,
             deadline=plan.deadline,

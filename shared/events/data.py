@@ -91,6 +91,12 @@ class JobRequested(EventData):
     """The longest the job may run, all attempts together; the platform stops it there. A
     team with a budget admits it at its worst case: GPUs x price x max hours."""
 
+    @property
+    def most_gpus(self) -> int:
+        """The GPUs it may hold at once: an elastic job's at its MAX workers, which it
+        grows to whenever there is room, so quotas and budgets count that many."""
+        return self.worker.gpus * (self.max_workers or self.num_workers)
+
     @model_validator(mode="after")
     def _workers_are_a_range(self) -> Self:
         if self.max_workers is not None and self.max_workers <= self.num_workers:

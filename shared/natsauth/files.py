@@ -13,6 +13,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
+from shared.desk import person_inbox_prefix
 from shared.events import DEFAULT_PREFIX
 from shared.events.types import Name
 from shared.messaging.settings import Role, default_stream_name
@@ -21,7 +22,6 @@ from shared.natsauth.permissions import (
     BusNames,
     inbox_prefix,
     permissions,
-    person_inbox_prefix,
     person_permissions,
 )
 from shared.natsauth.server_config import (

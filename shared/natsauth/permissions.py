@@ -7,13 +7,12 @@ I/O, no randomness.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
 
-from shared.desk import desk_subject, desk_subjects
+from shared.desk import DESK, desk_subject, desk_subjects, person_inbox_prefix
 from shared.events import all_subjects, dlq_subject, subject_for, subject_matches
 from shared.events.data import (
     EventData,
@@ -46,7 +45,7 @@ from shared.jobs import jobs_bucket
 from shared.messaging.settings import Role
 from shared.pools import pools_bucket
 from shared.teams import teams_bucket
-from shared.workspace import workspaces_bucket
+from shared.workspace import uploads_bucket, workspaces_bucket
 
 JS_API = "$JS.API"
 
@@ -56,6 +55,7 @@ class Bucket(StrEnum):
     POOLS = "pools"
     TEAMS = "teams"
     WORKSPACES = "workspaces"
+    UPLOADS = "uploads"
 
 
 def replay_subjects(prefix: str) -> str:
@@ -68,12 +68,6 @@ def replay_subjects(prefix: str) -> str:
 def inbox_prefix(role: Role) -> str:
     """Each role's replies arrive under its own prefix, so no role can read another's."""
     return f"_INBOX_{role.value}"
-
-
-def person_inbox_prefix(name: str) -> str:
-    """A person's replies arrive under a prefix of their own. From a digest of the name: a
-    name may hold dots, and `_INBOX_jane.>` would cover `jane.doe`'s replies too."""
-    return f"_INBOX_u{hashlib.sha256(name.encode()).hexdigest()[:20]}"
 
 
 @dataclass(frozen=True)
@@ -93,6 +87,8 @@ class BusNames:
                 return teams_bucket(self.prefix)
             case Bucket.WORKSPACES:
                 return workspaces_bucket(self.prefix)
+            case Bucket.UPLOADS:
+                return uploads_bucket(self.prefix)
 
     def kv_stream(self, bucket: Bucket) -> str:
         return f"KV_{self.bucket(bucket)}"
@@ -234,7 +230,10 @@ class AnswersDesk:
 
     def rules(self, names: BusNames, durables: Sequence[str]) -> list[Rule]:
         why = "answers people's asks for the jobs they may read"
-        return [Rule(desk_subjects(names.prefix), why, subscribe=True)]
+        return [
+            Rule(desk_subjects(names.prefix), why, subscribe=True),
+            Rule(dlq_subject(DESK, names.prefix), "dead-letters the requests it refuses"),
+        ]
 
 
 @dataclass(frozen=True)
@@ -319,8 +318,28 @@ class ReadsObjects:
 
 
 @dataclass(frozen=True)
-class WritesObjects:
-    """Declares an object store bucket and uploads new objects to it. Not purging: nats-py
+class DeclaresObjects:
+    """Declares an object store bucket at start, and is its one writer: stores, replaces
+    and deletes objects (a delete purges the object's chunks)."""
+
+    bucket: Bucket
+
+    def rules(self, names: BusNames, durables: Sequence[str]) -> list[Rule]:
+        name = names.bucket(self.bucket)
+        why = f"declares and writes the {name} object store"
+        stream = names.object_stream(self.bucket)
+        return [
+            Rule(f"{JS_API}.STREAM.CREATE.{stream}", why),
+            Rule(f"{JS_API}.STREAM.PURGE.{stream}", why),
+            Rule(f"$O.{name}.>", why),
+            *_bucket_reads(stream, why, listing=True),
+            Rule(f"{JS_API}.STREAM.NAMES", why),
+        ]
+
+
+@dataclass(frozen=True)
+class UploadsObjects:
+    """Uploads new objects to an object store its writer declared. Not purging: nats-py
     purges the old chunks when a name is stored again, and a client that may purge may
     empty the whole store, so an upload skips a name that is already there (uploads are
     content-addressed)."""
@@ -332,7 +351,6 @@ class WritesObjects:
         why = f"uploads to the {name} object store"
         stream = names.object_stream(self.bucket)
         return [
-            Rule(f"{JS_API}.STREAM.CREATE.{stream}", why),
             Rule(f"$O.{name}.C.>", why),
             Rule(f"$O.{name}.M.>", why),
             *_bucket_reads(stream, why, listing=False),
@@ -390,7 +408,8 @@ CLIENT_REQUESTS = (JobRequested, JobCancelRequested)
 TABLE: tuple[RoleSpec, ...] = (
     _service(
         Role.SUBMITTER,
-        "admits, queues and runs jobs on Ray; the one writer of the jobs and teams buckets",
+        "admits, queues and runs jobs on Ray; the one writer of the jobs and teams buckets"
+        " and the workspace stores; answers people's asks and puts their requests on the bus",
         (
             JobAccepted,
             JobRejected,
@@ -405,11 +424,14 @@ TABLE: tuple[RoleSpec, ...] = (
         ),
         WritesBucket(Bucket.JOBS),
         WritesBucket(Bucket.TEAMS),
-        ReadsObjects(Bucket.WORKSPACES),
+        DeclaresObjects(Bucket.WORKSPACES),
         ReadsBucket(Bucket.POOLS, listing=False),  # prices and spend, for team budgets
-        # The records desk: what people read, it reads for them and answers in part.
+        # The desk: what people read, it reads for them and answers in part; what they
+        # send, it puts on the bus under their name.
         AnswersDesk(),
-        ReadsHistory(("job",)),
+        ReadsHistory(("job", "node")),
+        Publishes(CLIENT_REQUESTS),
+        DeclaresObjects(Bucket.UPLOADS),
     ),
     _service(
         Role.SCALER,
@@ -451,7 +473,7 @@ TABLE: tuple[RoleSpec, ...] = (
         " history and costs, and the pools",
         (
             Publishes(CLIENT_REQUESTS),
-            WritesObjects(Bucket.WORKSPACES),
+            UploadsObjects(Bucket.WORKSPACES),
             ReadsBucket(Bucket.JOBS),
             ReadsBucket(Bucket.POOLS, listing=False),
             ReadsBucket(Bucket.TEAMS, listing=False),
@@ -534,19 +556,13 @@ def permissions(names: BusNames, table: Sequence[RoleSpec] = TABLE) -> dict[Role
 
 
 def person_grants(name: str) -> tuple[Grant, ...]:
-    """What a person's own credential may: submit and cancel on their own name (so whatever
-    they send is theirs), upload workspaces, read the pools, the teams' status and the node
-    events, and ask the records desk for jobs. Never the `jobs` bucket or the job events
-    themselves: those hold every job's `--env` values; the desk answers with the reader's
-    own jobs and their team's."""
-    return (
-        PublishesAs(CLIENT_REQUESTS, name),
-        WritesObjects(Bucket.WORKSPACES),
-        ReadsBucket(Bucket.POOLS, listing=False),
-        ReadsBucket(Bucket.TEAMS, listing=False),
-        ReadsHistory(("node",)),
-        AsksDesk(name),
-    )
+    """What a person's own credential may: ask the desk, on their own subject, and hear
+    its answers in their own inbox; nothing else. No event subject, so no request of
+    theirs is stored but by the desk, under their name and an id of their namespace; no
+    JetStream API, so no route (a direct get, a consumer's delivery, an ack) makes the
+    server publish for them, and no stream, bucket, object or consumer is theirs to read,
+    create, take from or delete (`shared.desk`)."""
+    return (AsksDesk(name),)
 
 
 def person_permissions(
@@ -561,7 +577,7 @@ def person_permissions(
     )
     return UserPermissions(
         role=Role.CLI,
-        summary="a person: submits and cancels as themselves; reads their own and their team's",
+        summary="a person: asks the desk, as themselves, and nothing else",
         publish_allow=_collect(rules, subscribe=False, deny=False),
         publish_deny=_collect(rules, subscribe=False, deny=True),
         subscribe_allow=_collect(rules, subscribe=True, deny=False),

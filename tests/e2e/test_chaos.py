@@ -17,6 +17,7 @@ import statistics
 import threading
 import time
 import urllib.request
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -36,7 +37,7 @@ from shared.events.data import (
     JobSucceeded,
     NodeLost,
 )
-from shared.events.types import Bundle, CapacityClass
+from shared.events.types import Bundle, CapacityClass, ObjectRef
 from shared.localstack.nodes import NodeFolder, kill_node, pick_node, preempt
 from shared.localstack.processes import ProcessRecord
 from shared.localstack.settings import LocalStackSettings
@@ -60,12 +61,16 @@ class Chaos:
     errors: list[str] = field(default_factory=list)
 
 
-def job_requests(workdir_ref: object) -> list[JobRequested]:
+def owner_of(job_id: str) -> str:
+    # Spread over owners: one owner's dozen jobs at once would pass their GPU quota.
+    return f"team-{sum(map(ord, job_id)) % 6}"
+
+
+def job_requests(workdir_refs: Mapping[str, ObjectRef]) -> list[JobRequested]:
     def digits(job_id: str, gpus: int, steps: int, capacity: CapacityClass) -> JobRequested:
         return JobRequested(
             job_id=job_id,
-            # Spread over owners: one owner's dozen jobs at once would pass their GPU quota.
-            owner=f"team-{sum(map(ord, job_id)) % 6}",
+            owner=owner_of(job_id),
             experiment="chaos",
             entrypoint=(
                 "python",
@@ -77,7 +82,7 @@ def job_requests(workdir_ref: object) -> list[JobRequested]:
                 "--report-every=5",
                 "--step-delay-s=0.05",
             ),
-            working_dir=workdir_ref,  # type: ignore[arg-type]
+            working_dir=workdir_refs[owner_of(job_id)],  # a job runs its owner's only
             worker=Bundle(gpus=gpus, cpus=1),
             capacity=capacity,
             max_restarts=5,
@@ -198,8 +203,9 @@ def test_jobs_survive_preemptions_and_restarts_of_nats_and_every_service(
 
         async def submit_all() -> list[JobRequested]:
             async with await SpotrainClient.connect(settings) as client:
-                ref = await client.upload_workspace(project)
-                requests = job_requests(ref)
+                owners = {f"team-{n}" for n in range(6)}
+                refs = {o: await client.upload_workspace(project, owner=o) for o in owners}
+                requests = job_requests(refs)
                 for request in requests:
                     await client.submit(request, answer_timeout_s=0.01)
                 return requests

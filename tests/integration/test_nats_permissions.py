@@ -48,7 +48,7 @@ from shared.messaging.jetstream import (
 )
 from shared.natsauth import NatsConfig, Role, TlsFiles, write_nats_config
 from shared.pools import PoolsStatus, pools_bucket
-from shared.workspace import workspaces_bucket
+from shared.workspace import declare_stores, workspaces_bucket
 from tests.async_helpers import consuming, eventually
 from tests.events import NOW, job_requested
 
@@ -90,6 +90,7 @@ async def platform(tmp_path: Path) -> AsyncIterator[Platform]:
             submitter = await platform.bus(Role.SUBMITTER)
             await submitter.ensure_stream()
             await KvJobStore.open(submitter.client.jetstream(), jobs_bucket(PREFIX))
+            await declare_stores(submitter.client.jetstream(), PREFIX)
             yield platform
     finally:
         server.stop()
@@ -384,6 +385,13 @@ RESIZED = PoolResized(pool="gpu-spot", size=100)
             _upload,
             'publish to "$js.api.stream.create.obj_spotrain-workspaces"',
             id="slack-uploads",
+        ),
+        # Every store is declared by its writer at start, never on first use.
+        pytest.param(
+            Role.CLI,
+            _upload,
+            'publish to "$js.api.stream.create.obj_spotrain-workspaces"',
+            id="cli-declares-the-workspace-store",
         ),
     ],
 )

@@ -5,31 +5,47 @@ subject the server lets them publish on, and nobody can send one as someone else
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
+import hashlib
+import io
 import os
+import zipfile
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
+import nats.js.errors
 import pytest
 
 from services.submitter.adapters.kv_job_store import KvJobStore
 from services.submitter.adapters.records_desk import RecordsDesk
 from shared.client import PlatformError, SpotrainClient, current_user
 from shared.clock import SystemClock
-from shared.desk import HIDDEN_OWNER, alias, desk_subject
-from shared.events import Event, EventData, dlq_subject, encode, new_event
+from shared.desk import (
+    DESK,
+    HIDDEN_OWNER,
+    MOST_ASKS_PER_PERSON,
+    PART_BYTES,
+    Ask,
+    DeskAsk,
+    UploadPart,
+    alias,
+    desk_subject,
+)
+from shared.events import EventData, decode, dlq_subject, encode, new_event
 from shared.events.data import JobAccepted, JobCancelled, JobCancelRequested, JobRequested
 from shared.jobs import JobRecord, JobState, jobs_bucket
 from shared.localstack.nats_server import NatsServer
-from shared.messaging import BusSettings, Handler, Subscription
+from shared.messaging import BusSettings
 from shared.messaging.jetstream import BusPermissionError, JetStreamBus
 from shared.messaging.settings import ClientBusSettings
 from shared.natsauth import Role, write_nats_config
 from shared.natsauth.files import add_person, person_env, write_env_file
 from shared.teams import Teams, parse_teams
-from tests.async_helpers import consuming, eventually
+from shared.workspace import declare_stores
+from tests.async_helpers import eventually
 from tests.events import NOW, job_requested
 
 pytestmark = pytest.mark.integration
@@ -79,75 +95,30 @@ async def people(tmp_path: Path) -> AsyncIterator[People]:
             submitter = await found.bus("submitter")
             await submitter.ensure_stream()
             await KvJobStore.open(submitter.client.jetstream(), jobs_bucket(PREFIX))
+            await declare_stores(submitter.client.jetstream(), PREFIX)
             yield found
     finally:
         server.stop()
 
 
-async def _taken(people: People, routes: dict[type[EventData], Handler]) -> Any:
-    submitter = await people.bus("submitter")
-    return consuming(submitter, Subscription(service="submitter", routes=routes))
-
-
-async def test_a_persons_request_is_on_their_own_subject_and_is_taken(people: People) -> None:
-    alice = await people.bus("alice")
-    await alice.publish(job_requested("job-a", owner="alice"))
-    seen: list[str] = []
-
-    async def on_requested(event: Event[Any]) -> None:
-        seen.append(f"{event.data.job_id} of {event.data.owner}")
-
-    async with await _taken(people, {JobRequested: on_requested}):
-        await eventually(lambda: seen == ["job-a of alice"], timeout_s=5)
-    ops = await people.bus("ops")
-    [stored] = await ops.read(f"{PREFIX}.job.requested.>")
-    assert stored.subject == f"{PREFIX}.job.requested.alice"
-
-
-@pytest.mark.parametrize("victim", ["jane.doe", "bob"])
-async def test_the_server_refuses_a_request_sent_as_someone_else(
-    people: People, victim: str
+@pytest.mark.parametrize("as_whom", ["alice", "jane.doe", "bob"])
+async def test_the_server_refuses_a_persons_own_publish_of_a_request(
+    people: People, as_whom: str
 ) -> None:
-    """Alice cannot submit as jane.doe (a name with a dot, a subject of more tokens), nor as
-    bob: the server refuses the subject at once."""
+    """A person's credential publishes on their desk subject and nowhere else: not a request
+    of their own (the desk puts it on the bus), let alone one as someone else."""
     alice = await people.bus("alice")
     with pytest.raises(BusPermissionError) as caught:
-        await asyncio.wait_for(alice.publish(job_requested("job-x", owner=victim)), timeout=5)
+        await asyncio.wait_for(alice.publish(job_requested("job-x", owner=as_whom)), timeout=5)
     assert str(caught.value).startswith(
-        f"NATS user 'alice' may not publish to '{PREFIX}.job.requested.{victim}'"
+        f"NATS user 'alice' may not publish to '{PREFIX}.job.requested.{as_whom}'"
     )
     cancel = new_event(
-        JobCancelRequested(job_id="job-x", requested_by=victim), source="t", time=NOW
+        JobCancelRequested(job_id="job-x", requested_by=as_whom), source="t", time=NOW
     )
     with pytest.raises(BusPermissionError):
         await asyncio.wait_for(alice.publish(cancel), timeout=5)
     assert alice.is_connected
-
-
-async def test_a_claim_to_be_someone_else_on_ones_own_subject_is_dead_lettered(
-    people: People,
-) -> None:
-    """Alice's own subject, jane.doe's name in the payload: the submitter takes the sender
-    from the subject, so the request goes to the dead-letter subject with the reason."""
-    alice = await people.bus("alice")
-    forged = encode(job_requested("job-f", owner="jane.doe"))
-    await alice.publish_raw(f"{PREFIX}.job.requested.alice", forged)
-    seen: list[Any] = []
-
-    async def on_requested(event: Event[Any]) -> None:
-        seen.append(event)
-
-    ops = await people.bus("ops")
-    async with await _taken(people, {JobRequested: on_requested}):
-
-        async def dead_lettered() -> bool:
-            return len(await ops.read(dlq_subject("submitter", PREFIX))) == 1
-
-        await eventually(dead_lettered, timeout_s=5)
-    assert seen == []
-    [letter] = await ops.read(dlq_subject("submitter", PREFIX))
-    assert letter.headers["Spotrain-Dlq-Reason"] == "not-the-sender"
-    assert "sent as alice names jane.doe as its owner" in letter.headers["Spotrain-Dlq-Detail"]
 
 
 async def test_a_person_reads_no_one_elses_replies(people: People) -> None:
@@ -163,27 +134,6 @@ async def _listen(bus: JetStreamBus, subject: str) -> None:
         await bus.client.flush()
         # A loaded server may answer the flush before it reports the refusal.
         await asyncio.sleep(0.5)
-
-
-async def test_the_client_acts_for_the_person_its_credentials_file_names(
-    people: People, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """`SPOTRAIN_CREDENTIALS`: the CLI and the SDK connect as jane.doe and submit as her."""
-    credentials = tmp_path / "jane.env"
-    write_env_file(credentials, people.envs["jane.doe"])
-    assert credentials.stat().st_mode & 0o077 == 0, "never readable by others"
-    for name in [n for n in os.environ if n.startswith("SPOTRAIN_NATS_")]:
-        monkeypatch.delenv(name)
-    monkeypatch.setenv("SPOTRAIN_CREDENTIALS", str(credentials))
-    monkeypatch.setenv("SPOTRAIN_NATS_URL", people.url)
-    assert ClientBusSettings().nats_user == "jane.doe"
-    assert current_user() == "jane.doe"
-    async with await SpotrainClient.connect() as client:
-        request = job_requested("job-j", owner=current_user()).data
-        await client.submit(request, answer_timeout_s=0.5)
-    ops = await people.bus("ops")
-    [stored] = await ops.read(f"{PREFIX}.job.requested.>")
-    assert stored.subject == f"{PREFIX}.job.requested.jane.doe"
 
 
 # --- the records desk: a person reads their own and their team's jobs only ---------------
@@ -345,3 +295,148 @@ async def test_anothers_cost_events_come_under_an_alias_with_nothing_but_the_bil
     hidden = requests[alias("alice-1")]
     assert (hidden.owner, hidden.env, hidden.entrypoint) == (HIDDEN_OWNER, {}, ("hidden",))
     assert "alice" not in "".join(encode(e).decode() for e in events if e.subject != "bob-1")
+
+
+async def test_a_persons_request_goes_on_the_bus_under_their_name_and_namespace(
+    desk: Desk,
+) -> None:
+    alice = await desk.client("alice")
+    request = job_requested("job-a", owner="alice").data
+    await alice.submit(request, answer_timeout_s=0.5)
+    ops = await desk.people.bus("ops")
+    stored = [m for m in await ops.read(f"{PREFIX}.job.requested.>") if b"job-a" in m.data]
+    [message] = stored
+    assert message.subject == f"{PREFIX}.job.requested.alice"
+    event = decode(message.data)
+    assert event.id.startswith("person:"), event.id
+    assert message.headers["Nats-Msg-Id"] == event.id
+    # The same request again (a retry) is stored once.
+    again = encode(event.model_copy(update={"id": "client-id-1"})).decode()
+    first = await alice._ask(DeskAsk(ask=Ask.SUBMIT, event=again))
+    second = await alice._ask(DeskAsk(ask=Ask.SUBMIT, event=again))
+    assert first.next_seq == second.next_seq
+
+
+async def test_a_claim_to_be_someone_else_is_refused_and_dead_lettered(desk: Desk) -> None:
+    """Alice asks the desk to submit a request in jane.doe's name: refused, in one line,
+    and dead-lettered with the reason; nothing is stored on jane.doe's subject."""
+    alice = await desk.client("alice")
+    with pytest.raises(PlatformError, match="alice may send requests as alice only"):
+        await alice.submit(job_requested("job-f", owner="jane.doe").data)
+    ops = await desk.people.bus("ops")
+    [letter] = await ops.read(dlq_subject(DESK, PREFIX))
+    assert letter.headers["Spotrain-Dlq-Reason"] == "not-the-sender"
+    assert letter.headers["Spotrain-Original-Subject"] == desk_subject(PREFIX, "alice")
+    assert [m for m in await ops.read(f"{PREFIX}.job.requested.>") if b"job-f" in m.data] == []
+    # Not an event at all: refused with the reason, dead-lettered too.
+    with pytest.raises(PlatformError, match="not a request the platform takes"):
+        await alice._ask(DeskAsk(ask=Ask.SUBMIT, event='{"hello": 1}'))
+    assert len(await ops.read(dlq_subject(DESK, PREFIX))) == 2
+
+
+async def test_the_client_acts_for_the_person_its_credentials_file_names(
+    desk: Desk, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`SPOTRAIN_CREDENTIALS`: the CLI and the SDK connect as jane.doe and submit as her."""
+    people = desk.people
+    credentials = tmp_path / "jane.env"
+    write_env_file(credentials, people.envs["jane.doe"])
+    assert credentials.stat().st_mode & 0o077 == 0, "never readable by others"
+    for name in [n for n in os.environ if n.startswith("SPOTRAIN_NATS_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("SPOTRAIN_CREDENTIALS", str(credentials))
+    monkeypatch.setenv("SPOTRAIN_NATS_URL", people.url)
+    assert ClientBusSettings().nats_user == "jane.doe"
+    assert current_user() == "jane.doe"
+    async with await SpotrainClient.connect() as client:
+        request = job_requested("job-j", owner=current_user()).data
+        await client.submit(request, answer_timeout_s=0.5)
+    ops = await people.bus("ops")
+    stored = [m for m in await ops.read(f"{PREFIX}.job.requested.>") if b"job-j" in m.data]
+    assert [m.subject for m in stored] == [f"{PREFIX}.job.requested.jane.doe"]
+
+
+async def test_a_persons_workspace_goes_up_through_the_desk_under_their_name(
+    desk: Desk, tmp_path: Path
+) -> None:
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "train.py").write_text("print('hi')\n")
+    # Several parts, not a multiple of the part size.
+    (project / "data.bin").write_bytes(os.urandom(PART_BYTES * 2 + 123))
+    alice = await desk.client("alice")
+    ref = await alice.upload_workspace(project)
+    assert ref.name.startswith("alice.")
+    assert ref.bucket == f"{PREFIX}-workspaces"
+    submitter = desk.submitter.client.jetstream()
+    stored = await (await submitter.object_store(ref.bucket)).get(ref.name)
+    assert hashlib.sha256(stored.data or b"").hexdigest() == ref.sha256
+    # The parts are gone; the same tree again is answered at once from the store.
+    uploads = await submitter.object_store(f"{PREFIX}-uploads")
+    assert [o for o in await _objects(uploads) if not o.deleted] == []
+    assert await alice.upload_workspace(project) == ref
+    # Bob's upload of the very same tree is his own object.
+    bob = await desk.client("bob")
+    assert (await bob.upload_workspace(project)).name == f"bob.{ref.sha256}.zip"
+
+
+async def test_a_zip_bomb_is_refused_at_the_desk(desk: Desk) -> None:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+        for i in range(2):
+            archive.writestr(f"zeros-{i}.bin", bytes(60 * 1024**2))
+    bomb = buffer.getvalue()
+    assert len(bomb) < PART_BYTES, "one part that unpacks to 120 MiB"
+    part = UploadPart(
+        sha256=hashlib.sha256(bomb).hexdigest(),
+        size=len(bomb),
+        offset=0,
+        data=base64.b64encode(bomb).decode(),
+    )
+    alice = await desk.client("alice")
+    with pytest.raises(PlatformError, match="unpacks to more than 100 MiB"):
+        await alice._ask(DeskAsk(ask=Ask.UPLOAD, part=part))
+    store = await desk.submitter.client.jetstream().object_store(f"{PREFIX}-workspaces")
+    assert [o for o in await _objects(store) if not o.deleted] == []
+
+
+async def _objects(store: Any) -> list[Any]:
+    try:
+        return list(await store.list())
+    except nats.js.errors.NotFoundError:
+        return []
+
+
+async def test_the_desk_answers_no_reply_subject_but_the_askers_inbox(desk: Desk) -> None:
+    """A reply subject is the asker's to choose: the desk answers its own inbox only, so
+    its answer never lands, with its rights, in the event stream or another's inbox."""
+    alice = await desk.people.bus("alice")
+    ops = await desk.people.bus("ops")
+    before = len(await ops.read(f"{PREFIX}.>"))
+    ask = DeskAsk(ask=Ask.JOBS).model_dump_json().encode()
+    for target in (f"{PREFIX}.job.requested.bob", f"{PREFIX}.job.cancel_requested.alice"):
+        await alice.client.publish(desk_subject(PREFIX, "alice"), ask, reply=target)
+    await alice.client.flush()
+    await asyncio.sleep(1)
+    assert len(await ops.read(f"{PREFIX}.>")) == before, "nothing stored"
+    # Her own inbox is answered.
+    assert await (await desk.client("alice")).jobs()
+
+
+async def test_one_persons_flood_of_asks_leaves_room_for_another(desk: Desk) -> None:
+    """Alice keeps many slow asks open at once; bob is answered at once all the same."""
+    alice = await desk.client("alice")
+    slow = DeskAsk(ask=Ask.HISTORY, job_id="alice-1", after_seq=10**9, wait_s=5)
+    flood = [asyncio.create_task(alice._ask(slow)) for _ in range(MOST_ASKS_PER_PERSON * 3)]
+    try:
+        bob = await desk.client("bob")
+        started = asyncio.get_running_loop().time()
+        assert [r.job_id for r in await bob.jobs()] == ["bob-1"]
+        assert asyncio.get_running_loop().time() - started < 2
+        results = await asyncio.gather(*flood, return_exceptions=True)
+        refused = [r for r in results if isinstance(r, PlatformError)]
+        assert refused, "past her share, asks are refused at once"
+        assert all("asks of yours are being answered" in str(r) for r in refused)
+    finally:
+        for task in flood:
+            task.cancel()

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from shared.desk import person_inbox_prefix
 from shared.events import CATALOG, DEFAULT_PREFIX, subject_matches
 from shared.events.data import JobCancelRequested, JobRequested
 from shared.localstack.stack import nats_server_binary
@@ -31,7 +32,6 @@ from shared.natsauth.permissions import (
     CLIENT_REQUESTS,
     NOT_YET_PUBLISHED,
     Operates,
-    person_inbox_prefix,
     person_permissions,
 )
 from shared.natsauth.server_config import render_server_config
@@ -126,8 +126,9 @@ def test_subjects_match_as_nats_matches_them(pattern: str, subject: str, matches
         pytest.param(Role.SCALER, f"{API}.STREAM.DELETE.SPOTRAIN", False, id="scaler-no-delete"),
         pytest.param(Role.SCALER, "spotrain.dlq.submitter", False, id="scaler-own-dlq-only"),
         pytest.param(Role.SUBMITTER, "spotrain.job.accepted", True, id="submitter-accepts"),
+        # The desk puts a person's request on the bus, on their own subject.
         pytest.param(
-            Role.SUBMITTER, "spotrain.job.requested.alice", False, id="submitter-no-request"
+            Role.SUBMITTER, "spotrain.job.requested.alice", True, id="submitter-forwards-requests"
         ),
         pytest.param(Role.SUBMITTER, "$KV.spotrain-jobs.job-1", True, id="submitter-writes-jobs"),
         pytest.param(Role.SUBMITTER, "$KV.spotrain-pools.x", False, id="submitter-no-pools"),
@@ -188,7 +189,7 @@ def test_nobody_but_ops_publishes_to_the_replay_subjects() -> None:
 
 def test_nobody_but_ops_deletes_or_purges_anything() -> None:
     for verb in ("STREAM.DELETE", "STREAM.PURGE", "STREAM.MSG.DELETE", "CONSUMER.DELETE"):
-        who = publishers(f"{API}.{verb}.>")
+        who = publishers(f"{API}.{verb}.SPOTRAIN")
         # Readers (the CLI; the scaler, for the cost metrics; the submitter, for the
         # records desk; whoever reads a bucket whole) delete their own short-lived read
         # consumers, never a service's.
@@ -196,6 +197,13 @@ def test_nobody_but_ops_deletes_or_purges_anything() -> None:
         assert who - readers == {Role.OPS}, verb
         if verb != "CONSUMER.DELETE":
             assert not who & readers - {Role.CLI}, verb
+    # The submitter purges what it writes, the workspace stores, and nothing else.
+    purged = {
+        r for r, u in USERS.items() if u.may_publish(f"{API}.STREAM.PURGE.OBJ_spotrain-uploads")
+    }
+    assert purged == {Role.OPS, Role.SUBMITTER}
+    assert not USERS[Role.SUBMITTER].may_publish(f"{API}.STREAM.PURGE.SPOTRAIN")
+    assert not USERS[Role.SUBMITTER].may_publish(f"{API}.STREAM.PURGE.KV_spotrain-pools")
     for durable in CONSUMERS:
         subject = f"{API}.CONSUMER.DELETE.SPOTRAIN.{durable}"
         assert {r for r, u in USERS.items() if u.may_publish(subject)} == {Role.OPS}
@@ -365,18 +373,25 @@ ALICE = person_permissions("alice", NAMES)
 @pytest.mark.parametrize(
     ("subject", "allowed"),
     [
-        pytest.param("spotrain.job.requested.alice", True, id="requests-as-herself"),
-        pytest.param("spotrain.job.cancel_requested.alice", True, id="cancels-as-herself"),
+        # She asks the desk, which puts her requests on the bus under her name: nothing she
+        # sends is stored as she sent it, under an id she chose.
+        pytest.param("spotrain.job.requested.alice", False, id="no-request-of-her-own"),
+        pytest.param("spotrain.job.cancel_requested.alice", False, id="no-cancel-of-her-own"),
         pytest.param("spotrain.job.requested.bob", False, id="not-as-bob"),
-        pytest.param("spotrain.job.requested.alice.doe", False, id="not-as-alice-doe"),
-        pytest.param("spotrain.job.requested", False, id="not-as-nobody"),
-        pytest.param("spotrain.job.cancel_requested.bob", False, id="cancels-not-as-bob"),
-        pytest.param("$O.spotrain-workspaces.C.x1", True, id="uploads-like-the-cli"),
+        pytest.param("$O.spotrain-workspaces.C.x1", False, id="uploads-through-the-desk"),
         pytest.param("spotrain.job.accepted", False, id="decides-nothing"),
+        # No JetStream API at all: no route makes the server publish for her (a direct
+        # get's or a consumer's reply goes where its asker says), no stream to create.
+        pytest.param(f"{API}.DIRECT.GET.OBJ_spotrain-workspaces", False, id="no-direct-get"),
+        pytest.param(f"{API}.STREAM.CREATE.OBJ_spotrain-workspaces", False, id="no-stream"),
+        pytest.param(f"{API}.CONSUMER.MSG.NEXT.SPOTRAIN.submitter", False, id="no-pull"),
+        pytest.param(f"{API}.STREAM.NAMES", False, id="no-listing"),
+        pytest.param("spotrain_desk.alice", True, id="asks-the-desk-as-herself"),
     ],
 )
-def test_a_person_publishes_requests_on_their_own_name_only(subject: str, allowed: bool) -> None:
+def test_a_person_publishes_on_her_desk_subject_only(subject: str, allowed: bool) -> None:
     assert ALICE.may_publish(subject) is allowed
+    assert set(ALICE.publish_allow) == {"spotrain_desk.alice"}
 
 
 def test_a_person_hears_replies_in_their_own_inbox_and_no_job_events() -> None:
@@ -401,9 +416,9 @@ def test_a_person_hears_replies_in_their_own_inbox_and_no_job_events() -> None:
             f"{API}.CONSUMER.CREATE.SPOTRAIN.read-1.spotrain.job.>", False, id="no-job-events"
         ),
         pytest.param(
-            f"{API}.CONSUMER.CREATE.SPOTRAIN.read-1.spotrain.node.>", True, id="node-events"
+            f"{API}.CONSUMER.CREATE.SPOTRAIN.read-1.spotrain.node.>", False, id="node-events"
         ),
-        pytest.param(f"{API}.STREAM.MSG.GET.KV_spotrain-pools", True, id="the-pools"),
+        pytest.param(f"{API}.STREAM.MSG.GET.KV_spotrain-pools", False, id="the-pools"),
         pytest.param("spotrain_desk.alice", True, id="asks-the-desk-as-herself"),
         pytest.param("spotrain_desk.bob", False, id="not-as-bob"),
         pytest.param("spotrain_desk.alice.doe", False, id="not-as-alice-doe"),
@@ -448,7 +463,7 @@ def test_the_server_accepts_a_configuration_with_people(tmp_path: Path) -> None:
     written = write_nats_config(tmp_path / "nats")
     text = written.server_config.read_text()
     assert 'user: "jane.doe@acme.com"' in text
-    assert '"spotrain.job.requested.jane.doe@acme.com"' in text
+    assert '"spotrain_desk.jane.doe@acme.com"' in text
     assert again.password in (tmp_path / "nats" / "credentials.conf").read_text()
     assert first.password not in (tmp_path / "nats" / "credentials.conf").read_text()
     assert stat.S_IMODE((tmp_path / "nats" / "people.json").stat().st_mode) == 0o600

@@ -9,22 +9,30 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
 from services.submitter import policy
 from shared.desk import (
     HIDDEN_OWNER,
+    PART_BYTES,
     DeskAsk,
+    UploadPart,
     alias,
     asker,
     desk_subject,
     desk_subjects,
     hidden,
     page,
+    part_offsets,
+    person_event_id,
+    person_inbox_prefix,
+    replies_to_asker,
 )
 from shared.events import Event, decode, encode, new_event, subject_matches
 from shared.events.data import JobAccepted, JobFailed, JobRequested, JobStarted
 from shared.jobs import JobRecord, JobState
 from shared.teams import Teams, parse_teams
+from shared.workspace import DEFAULT_LIMIT_BYTES
 
 NOW = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
 TEAMS = parse_teams(
@@ -137,3 +145,68 @@ def test_each_hidden_event_of_a_job_is_under_the_same_alias() -> None:
     assert "s3cr3t" not in "".join(encode(e).decode() for e in shown)
     assert "alice" not in "".join(encode(e).decode() for e in shown)
     assert alias("a-1") != alias("a-2")
+
+
+@pytest.mark.parametrize(
+    ("reply", "person", "answered"),
+    [
+        pytest.param(f"{person_inbox_prefix('alice')}.x1", "alice", True, id="her-inbox"),
+        pytest.param(f"{person_inbox_prefix('bob')}.x1", "alice", False, id="bobs-inbox"),
+        pytest.param("spotrain.job.requested.bob", "alice", False, id="the-event-stream"),
+        pytest.param("spotrain_desk.bob", "alice", False, id="an-ask-as-bob"),
+        pytest.param(person_inbox_prefix("alice"), "alice", False, id="the-bare-prefix"),
+        pytest.param("", "alice", False, id="no-reply"),
+    ],
+)
+def test_the_desk_answers_the_askers_own_inbox_only(
+    reply: str, person: str, answered: bool
+) -> None:
+    assert replies_to_asker(reply, person) is answered
+
+
+@given(st.text(min_size=1, max_size=20), st.text(min_size=1, max_size=20), st.uuids())
+def test_a_persons_request_ids_are_theirs_alone(alice: str, bob: str, event: Any) -> None:
+    mine = person_event_id(alice, event.hex)
+    assert mine == person_event_id(alice, event.hex), "a request sent twice is one"
+    assert mine.startswith("person:"), "no service's id has this namespace"
+    if alice != bob:
+        assert mine != person_event_id(bob, event.hex)
+    # An id the envelope takes (pattern and length), whatever the name and client id.
+    new_event(JobAccepted(job_id="job-1", owner="alice"), source="t", time=NOW, event_id=mine)
+
+
+def _part(size: int, offset: int, length: int) -> tuple[UploadPart, bytes]:
+    raw = b"x" * length
+    return UploadPart(sha256="0" * 64, size=size, offset=offset, data=""), raw
+
+
+@pytest.mark.parametrize(
+    ("size", "offset", "length", "problem"),
+    [
+        pytest.param(PART_BYTES * 2, 0, PART_BYTES, None, id="a-first-part"),
+        pytest.param(PART_BYTES + 5, PART_BYTES, 5, None, id="the-last-part"),
+        pytest.param(PART_BYTES * 2, 7, PART_BYTES, "multiples", id="a-part-out-of-step"),
+        pytest.param(PART_BYTES * 2, PART_BYTES * 2, 1, "multiples", id="past-the-end"),
+        pytest.param(PART_BYTES * 2, 0, 10, "not 262144", id="a-short-part"),
+        pytest.param(100, 0, 101, "not 100", id="a-long-last-part"),
+    ],
+)
+def test_a_workspace_goes_up_in_whole_parts_in_order(
+    size: int, offset: int, length: int, problem: str | None
+) -> None:
+    part, raw = _part(size, offset, length)
+    found = part.part_problem(raw)
+    assert (found is None) if problem is None else (problem in (found or ""))
+
+
+@given(st.integers(min_value=1, max_value=5 * PART_BYTES))
+def test_the_parts_of_a_workspace_cover_it_once(size: int) -> None:
+    offsets = list(part_offsets(size))
+    lasts = [UploadPart(sha256="0" * 64, size=size, offset=o, data="").is_last for o in offsets]
+    assert lasts == [False] * (len(offsets) - 1) + [True]
+    assert sum(min(PART_BYTES, size - o) for o in offsets) == size
+
+
+def test_an_upload_part_is_refused_past_the_workspace_limit() -> None:
+    with pytest.raises(ValidationError):
+        UploadPart(sha256="0" * 64, size=DEFAULT_LIMIT_BYTES + 1, offset=0, data="")

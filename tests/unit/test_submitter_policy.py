@@ -73,6 +73,29 @@ def test_admission_within_quotas(gpus: int, workers: int, in_use: int, expected:
         assert decision.reason is expected
 
 
+@pytest.mark.parametrize(
+    ("workers", "most", "in_use", "expected"),
+    [
+        # 1..3 x 2 GPUs grows to 6 whenever there is room: counted at 6, like a fixed 3 x 2.
+        pytest.param(1, 3, 0, Accept(gpus=6), id="elastic-counted-at-its-max"),
+        pytest.param(2, 5, 0, RejectionReason.QUOTA_EXCEEDED, id="its-max-over-the-per-job-limit"),
+        pytest.param(1, 3, 8, WaitForQuota, id="its-max-over-the-owners-quota-waits"),
+    ],
+)
+def test_an_elastic_job_is_admitted_at_its_max_workers(
+    workers: int, most: int, in_use: int, expected: object
+) -> None:
+    elastic = request(2, workers, max_workers=most)
+    decision = policy.admit(elastic, owner_gpus_in_use=in_use, quotas=QUOTAS, now=NOW)
+    if isinstance(expected, Accept):
+        assert decision == expected
+    elif expected is WaitForQuota:
+        assert isinstance(decision, WaitForQuota)
+    else:
+        assert isinstance(decision, Reject)
+        assert decision.reason is expected
+
+
 def test_a_wait_for_the_owners_quota_says_by_how_much() -> None:
     decision = policy.admit(request(4), owner_gpus_in_use=10, quotas=QUOTAS, now=NOW)
     assert decision == WaitForQuota(
@@ -207,6 +230,29 @@ def test_a_placed_single_node_attempt_is_pinned_to_its_node() -> None:
     record = queued_record(request(1), nodes=("gpu-spot-7",))
     plan = policy.plan_submission(record, record.attempts[0], checkpoint_uri="file:///c")
     assert plan.entrypoint_label_selector == {"spotrain-node": "in(gpu-spot-7)"}
+
+
+@pytest.mark.parametrize(
+    ("workers", "expected"),
+    [
+        pytest.param(
+            1, {"spotrain-node": "!in(gpu-spot-7)"}, id="single-node-avoids-the-lost-node"
+        ),
+        pytest.param(2, {}, id="multi-node-driver-stays-on-the-head"),
+    ],
+)
+def test_the_attempt_after_a_lost_one_keeps_its_driver_off_the_lost_node(
+    workers: int, expected: dict[str, str]
+) -> None:
+    """A multi-node driver asks for nothing so that Ray keeps it on the head; any label
+    selector would count as asking, and Ray would run it on a spot node that may go."""
+    record = queued_record(request(0, workers=workers))
+    lost = record.attempts[0].model_copy(
+        update={"state": AttemptState.LOST, "nodes": ("gpu-spot-7",), "placed_on": ()}
+    )
+    record = record.model_copy(update={"attempts": (lost, lost.model_copy(update={"number": 2}))})
+    plan = policy.plan_submission(record, record.attempts[1], checkpoint_uri="file:///c")
+    assert plan.entrypoint_label_selector == expected
 
 
 @pytest.mark.parametrize(

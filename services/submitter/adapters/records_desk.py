@@ -1,7 +1,9 @@
-"""The records desk (`shared.desk`): answers each person's asks with the jobs they may
-read, from the `jobs` bucket and the event stream. Several submitter replicas answer as one
-queue group; an ask that waits for news holds no consumer, only a wait on the job's events
-as they happen."""
+"""The desk (`shared.desk`): answers each person's asks with the jobs they may read, from
+the `jobs` bucket and the event stream; puts their requests on the bus under their name;
+takes their workspaces. Several submitter replicas answer as one queue group; an ask that
+waits for news holds no consumer, only a wait on the job's events as they happen.
+
+Only to the asker's own inbox, and only so many asks of one person at once."""
 
 from __future__ import annotations
 
@@ -15,22 +17,43 @@ from nats.aio.msg import Msg
 from pydantic import ValidationError
 
 from services.submitter import policy
+from services.submitter.adapters.desk_uploads import DeskUploads
 from services.submitter.ports import JobStore, TeamsSource
 from shared.cost import COST_EVENTS
 from shared.desk import (
+    DESK,
+    MOST_ASKS_PER_PERSON,
     Ask,
     DeskAnswer,
     DeskAsk,
     StoredEvent,
     asker,
+    desk_subject,
     desk_subjects,
     hidden,
     page,
+    person_event_id,
+    replies_to_asker,
 )
-from shared.events import decode, encode, subjects_for
+from shared.events import (
+    InvalidEventError,
+    InvalidReason,
+    decode,
+    dlq_subject,
+    encode,
+    subject_for,
+    subject_of,
+    subjects_for,
+)
+from shared.events.data import JobCancelRequested, JobRequested
+from shared.messaging.dead_letters import DETAIL, MSG_ID, ORIGINAL_SUBJECT, REASON, SERVICE
+from shared.messaging.delivery import DeadLetterReason
 from shared.messaging.jetstream import JetStreamBus
 from shared.messaging.ports import StoredMessage
-from shared.teams import Teams
+from shared.pool_knowledge import KNOWLEDGE_KEY
+from shared.pools import SIGHTINGS_KEY, STATUS_KEY, pools_bucket
+from shared.teams import STATUS_KEY as TEAMS_STATUS_KEY
+from shared.teams import Teams, teams_bucket
 
 log = structlog.get_logger()
 
@@ -38,7 +61,7 @@ QUEUE_GROUP = "records-desk"
 MOST_ASKS_AT_ONCE = 256
 """Asks answered at once; more wait their turn (a follower waits up to 20 s for news)."""
 
-_JOB_COST_EVENTS = tuple(model for model in COST_EVENTS if model.aggregate == "job")
+_REQUESTS = (JobRequested, JobCancelRequested)
 
 
 class RecordsDesk:
@@ -49,6 +72,8 @@ class RecordsDesk:
         self._news: dict[str, asyncio.Event] = {}
         self._answering = asyncio.Semaphore(MOST_ASKS_AT_ONCE)
         self._tasks: set[asyncio.Task[None]] = set()
+        self._in_flight: dict[str, int] = {}
+        self._uploads = DeskUploads(bus.client.jetstream(), bus.prefix)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Answer until `stop` is set; a `Watch` of the submitter's runtime."""
@@ -79,32 +104,50 @@ class RecordsDesk:
             waiting.set()
 
     async def _on_ask(self, msg: Msg) -> None:
+        reader = asker(msg.subject, self._bus.prefix)
+        if reader is None or not replies_to_asker(msg.reply, reader):
+            # Answered to any other subject, the answer would go there with the submitter's
+            # rights: into the event stream, or to someone else's inbox.
+            log.warning("desk.reply_refused", subject=msg.subject, reply=msg.reply)
+            return
+        if self._in_flight.get(reader, 0) >= MOST_ASKS_PER_PERSON:
+            refused = DeskAnswer(
+                refused=f"{MOST_ASKS_PER_PERSON} asks of yours are being answered; ask again"
+                " once they are"
+            )
+            await self._respond(msg, refused)
+            return
+        self._in_flight[reader] = self._in_flight.get(reader, 0) + 1
         # A callback holds up the next message until it returns: each ask is its own task,
         # so one that waits for news delays nobody.
-        task = asyncio.create_task(self._answer(msg))
+        task = asyncio.create_task(self._answer(msg, reader))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _answer(self, msg: Msg) -> None:
-        async with self._answering:
-            reader = asker(msg.subject, self._bus.prefix)
-            try:
-                ask = DeskAsk.model_validate_json(msg.data)
-            except ValidationError as error:
-                problem = error.errors()[0]
-                answer = DeskAnswer(refused=f"not an ask the desk knows: {problem['msg']}")
-            else:
-                if reader is None:
-                    answer = DeskAnswer(refused="an ask names nobody")
+    async def _answer(self, msg: Msg, reader: str) -> None:
+        try:
+            async with self._answering:
+                try:
+                    ask = DeskAsk.model_validate_json(msg.data)
+                except ValidationError as error:
+                    problem = error.errors()[0]
+                    answer = DeskAnswer(refused=f"not an ask the desk knows: {problem['msg']}")
                 else:
                     try:
                         answer = await self._answer_ask(ask, reader)
                     except Exception:
                         log.exception("desk.failed", ask=ask.ask, reader=reader)
-                        answer = DeskAnswer(refused="the records desk failed; see its log")
-            if msg.reply:
-                with contextlib.suppress(nats.errors.Error):
-                    await msg.respond(answer.model_dump_json().encode())
+                        answer = DeskAnswer(refused="the desk failed; see the submitter's log")
+                await self._respond(msg, answer)
+        finally:
+            left = self._in_flight.pop(reader, 1) - 1
+            if left:
+                self._in_flight[reader] = left
+
+    @staticmethod
+    async def _respond(msg: Msg, answer: DeskAnswer) -> None:
+        with contextlib.suppress(nats.errors.Error):
+            await msg.respond(answer.model_dump_json().encode())
 
     async def _answer_ask(self, ask: DeskAsk, reader: str) -> DeskAnswer:
         teams = self._teams.current() if self._teams is not None else None
@@ -124,6 +167,74 @@ class RecordsDesk:
                 return await self._history(ask, record.job_id)
             case Ask.COST:
                 return await self._cost(ask, reader, teams)
+            case Ask.SUBMIT:
+                return await self._submit(ask, reader)
+            case Ask.POOLS:
+                keys = (STATUS_KEY, KNOWLEDGE_KEY, SIGHTINGS_KEY)
+                return DeskAnswer(entries=await self._entries(pools_bucket(self._bus.prefix), keys))
+            case Ask.TEAMS:
+                bucket = teams_bucket(self._bus.prefix)
+                return DeskAnswer(entries=await self._entries(bucket, (TEAMS_STATUS_KEY,)))
+            case Ask.UPLOAD:
+                if ask.part is None:
+                    return DeskAnswer(refused="an upload ask carries a part")
+                return await self._uploads.take(ask.part, reader)
+
+    async def _submit(self, ask: DeskAsk, reader: str) -> DeskAnswer:
+        """The request on the asker's own subject, stored under an id of their namespace:
+        the submitter's intake takes it from there, as it takes any tool's. A claim to be
+        someone else is the intake's to refuse (dead-lettered `not-the-sender`)."""
+        raw = (ask.event or "").encode()
+        try:
+            event = decode(raw)
+            if not isinstance(event.data, _REQUESTS):
+                raise InvalidEventError(  # one refusal for both
+                    InvalidReason.UNKNOWN_TYPE,
+                    f"{event.type} is not a request (job.requested, job.cancel_requested)",
+                )
+        except InvalidEventError as error:
+            await self._dead_letter(raw, reader, error)
+            return DeskAnswer(refused=f"not a request the platform takes: {error}")
+        subject = subject_for(type(event.data), self._bus.prefix).removesuffix(">") + reader
+        if subject_of(event.data, self._bus.prefix) != subject:
+            claim = InvalidEventError(
+                InvalidReason.INVALID_DATA,
+                f"a request of {reader}'s names someone else as its sender",
+            )
+            await self._dead_letter(raw, reader, claim, DeadLetterReason.NOT_THE_SENDER.value)
+            return DeskAnswer(refused=f"{reader} may send requests as {reader} only")
+        stored = event.model_copy(update={"id": person_event_id(reader, event.id)})
+        ack = await self._bus.publish_raw(subject, encode(stored), {MSG_ID: stored.id})
+        return DeskAnswer(next_seq=ack.seq)
+
+    async def _dead_letter(
+        self, raw: bytes, reader: str, error: InvalidEventError, reason: str | None = None
+    ) -> None:
+        headers = {
+            REASON: reason or error.reason.value,
+            DETAIL: " ".join(str(error).split())[:1024],
+            SERVICE: DESK,
+            ORIGINAL_SUBJECT: desk_subject(self._bus.prefix, reader),
+        }
+        with contextlib.suppress(nats.errors.Error):
+            await self._bus.client.publish(
+                dlq_subject(DESK, self._bus.prefix), raw, headers=headers
+            )
+
+    async def _entries(self, bucket: str, keys: tuple[str, ...]) -> dict[str, str]:
+        try:
+            kv = await self._bus.client.jetstream().key_value(bucket)
+        except (nats.js.errors.BucketNotFoundError, nats.js.errors.NotFoundError):
+            return {}
+        entries = {}
+        for key in keys:
+            try:
+                entry = await kv.get(key)
+            except (nats.js.errors.KeyNotFoundError, nats.js.errors.NotFoundError):
+                continue
+            if entry.value:
+                entries[key] = entry.value.decode()
+        return entries
 
     async def _jobs(self, ask: DeskAsk, reader: str, teams: Teams | None) -> DeskAnswer:
         records = sorted(
@@ -160,7 +271,7 @@ class RecordsDesk:
         readable = {
             r.job_id for r, _ in await self._store.all() if policy.may_read(r, reader, teams)
         }
-        subjects = subjects_for(_JOB_COST_EVENTS, self._bus.prefix)
+        subjects = subjects_for(COST_EVENTS, self._bus.prefix)
         batches = await asyncio.gather(
             *(self._bus.read(subject, after_seq=ask.after_seq) for subject in subjects)
         )
@@ -172,8 +283,8 @@ class RecordsDesk:
             except ValueError:
                 return message
             job_id = getattr(event.data, "job_id", None)
-            if job_id in readable:
-                return message
+            if job_id is None or job_id in readable:
+                return message  # a node's event, or a job the reader may see
             return StoredMessage(message.seq, message.subject, encode(hidden(event)), {})
 
         return _events_answer(

@@ -19,7 +19,9 @@ class ObjectStoreWorkspaces:
         self._cache_dir = cache_dir
 
     async def unpack(self, ref: ObjectRef) -> Path:
-        target = self._cache_dir / ref.sha256
+        # By its owner's name and hash, not by hash alone: a job that names someone else's
+        # hash gets nothing that was unpacked for them (the download would find no object).
+        target = self._cache_dir / ref.name.removesuffix(".zip")
         if target.is_dir():
             return target
         data = await download(self._js, ref)

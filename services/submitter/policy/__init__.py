@@ -31,6 +31,7 @@ from services.submitter.policy.admission import (
     owner_over_quota,
     owner_waiting,
     unknown_secrets_detail,
+    workspace_refusal,
 )
 from services.submitter.policy.attempts import (
     LAUNCHER,
@@ -161,4 +162,5 @@ __all__ = [
     "who_may_not_cancel",
     "with_attempt",
     "with_driver_node",
+    "workspace_refusal",
 ]

@@ -23,6 +23,7 @@ from shared.events.data import (
 from shared.events.types import Frozen
 from shared.jobs import deadline_refusal
 from shared.teams import TeamSpec
+from shared.workspace import workspace_object_name
 
 
 class Quotas(Frozen):
@@ -76,7 +77,7 @@ def admit(
         )
         if refusal is not None:
             return Reject(RejectionReason.DEADLINE_UNREACHABLE, refusal)
-    gpus = request.worker.gpus * request.num_workers
+    gpus = request.most_gpus
     if gpus > quotas.max_gpus_per_job:
         return Reject(
             RejectionReason.QUOTA_EXCEEDED,
@@ -104,7 +105,7 @@ def admit(
 
 def owner_over_quota(request: JobRequested, in_use: int, quotas: Quotas) -> str | None:
     """Why the request must wait for its owner's GPU quota, if it must."""
-    gpus = request.worker.gpus * request.num_workers
+    gpus = request.most_gpus
     if in_use + gpus <= quotas.max_gpus_per_owner:
         return None
     return (
@@ -150,6 +151,21 @@ def first_attempt(job_id: str, now: datetime) -> Attempt:
         submitted_at=now,
         state=AttemptState.QUEUED,
     )
+
+
+def workspace_refusal(request: JobRequested, bucket: str) -> str | None:
+    """Why the request may not run the workspace it names: only its owner's, in the
+    platform's own store. A request names its workspace by hash, and a hash another team's
+    job ran is no key to that team's code."""
+    ref = request.working_dir
+    if ref is None:
+        return None
+    if ref.bucket != bucket or ref.name != workspace_object_name(request.owner, ref.sha256):
+        return (
+            f"the working directory {ref.bucket}/{ref.name} is not one {request.owner} "
+            "uploaded; submit with the CLI, the notebook or the SDK, which upload it"
+        )
+    return None
 
 
 def unknown_secrets_detail(names: Iterable[str]) -> str:

@@ -95,7 +95,9 @@ def plan_submission(record: JobRecord, attempt: Attempt, *, checkpoint_uri: str)
         # The room the scaler holds for this attempt, and no other: Ray's own choice of a
         # node would take room held for the next attempt in the platform's order.
         selector = {NODE_LABEL: f"in({','.join(sorted(set(attempt.placed_on)))})"}
-    elif lost := lost_nodes(record):
+    elif single_node and (lost := lost_nodes(record)):
+        # Not for a multi-node driver: any selector counts to Ray as asking for room, and
+        # it would no longer keep that driver on the head.
         selector = {NODE_LABEL: f"!in({','.join(lost)})"}
     if request.experiment:
         metadata["experiment"] = request.experiment

@@ -59,7 +59,7 @@ def admit_in_team(  # the decision's inputs, each named
     if team is None:
         detail = f"{request.owner} is in no team of the teams file; ask an admin to add them"
         return Reject(RejectionReason.NO_TEAM, detail), holds
-    gpus = request.worker.gpus * request.num_workers
+    gpus = request.most_gpus
     held = holds.holds.get(request.job_id)
     if held is not None:
         return Accept(gpus=gpus), holds  # a repeat delivery: admitted the first time

@@ -1,0 +1,96 @@
+"""Workspaces that go up through the desk (`shared.desk.UploadPart`): each part is kept in
+the uploads store, which forgets what an upload left behind; the last part's ask puts the
+whole zip in the workspace store under its owner's name, once it is checked whole (its
+size, its hash, what it unpacks to). Parts live in the store, not in a replica's memory:
+any submitter of the queue group may answer any part."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import contextlib
+import hashlib
+
+import nats.js.errors
+import structlog
+from nats.js import JetStreamContext
+from nats.js.object_store import ObjectStore
+
+from shared.desk import DeskAnswer, UploadPart, part_name, part_offsets
+from shared.events.types import ObjectRef
+from shared.workspace import (
+    WorkspaceError,
+    unpacked_size,
+    uploads_bucket,
+    workspace_object_name,
+    workspaces_bucket,
+)
+
+log = structlog.get_logger()
+
+
+class DeskUploads:
+    def __init__(self, js: JetStreamContext, prefix: str) -> None:
+        self._js = js
+        self._prefix = prefix
+
+    async def take(self, part: UploadPart, owner: str) -> DeskAnswer:
+        workspaces = await self._js.object_store(workspaces_bucket(self._prefix))
+        ref = ObjectRef(
+            bucket=workspaces_bucket(self._prefix),
+            name=workspace_object_name(owner, part.sha256),
+            sha256=part.sha256,
+            size_bytes=part.size,
+        )
+        if part.offset == 0 and await _has(workspaces, ref.name):
+            return DeskAnswer(workspace=ref)  # the owner stored this very tree before
+        try:
+            raw = base64.b64decode(part.data, validate=True)
+        except (binascii.Error, ValueError):
+            return DeskAnswer(refused="a part's data is not base64")
+        if (problem := part.part_problem(raw)) is not None:
+            return DeskAnswer(refused=problem)
+        uploads = await self._js.object_store(uploads_bucket(self._prefix))
+        await uploads.put(part_name(owner, part.sha256, part.offset), raw)
+        if not part.is_last:
+            return DeskAnswer()
+        return await self._store_whole(part, owner, uploads, workspaces, ref)
+
+    async def _store_whole(
+        self,
+        part: UploadPart,
+        owner: str,
+        uploads: ObjectStore,
+        workspaces: ObjectStore,
+        ref: ObjectRef,
+    ) -> DeskAnswer:
+        names = [part_name(owner, part.sha256, offset) for offset in part_offsets(part.size)]
+        try:
+            data = b"".join([(await uploads.get(name)).data or b"" for name in names])
+        except nats.js.errors.ObjectNotFoundError:
+            return DeskAnswer(refused="a part of the workspace is missing: upload it again")
+        try:
+            if hashlib.sha256(data).hexdigest() != part.sha256 or len(data) != part.size:
+                raise WorkspaceError("the workspace's parts do not make the zip it names")
+            # A zip bomb stops here, before anyone unpacks it.
+            await asyncio.to_thread(unpacked_size, data)
+        except WorkspaceError as error:
+            log.info("desk.upload_refused", owner=owner, sha256=part.sha256, reason=str(error))
+            return DeskAnswer(refused=str(error))
+        finally:
+            for name in names:
+                with contextlib.suppress(nats.js.errors.ObjectNotFoundError):
+                    await uploads.delete(name)
+        if not await _has(workspaces, ref.name):
+            await workspaces.put(ref.name, data)
+        log.info("desk.uploaded", owner=owner, sha256=part.sha256, size=part.size)
+        return DeskAnswer(workspace=ref)
+
+
+async def _has(store: ObjectStore, name: str) -> bool:
+    try:
+        info = await store.get_info(name)
+    except nats.js.errors.ObjectNotFoundError:
+        return False
+    return not info.deleted
