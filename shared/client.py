@@ -105,6 +105,15 @@ def current_user() -> str:
     return user or "unknown"
 
 
+def current_user_is_a_person() -> bool:
+    """Whether the client connects with a person's own credential (`spotrain users add`),
+    which asks the desk for everything."""
+    try:
+        return person_of(ClientBusSettings()) is not None
+    except ValidationError:
+        return False
+
+
 class SpotrainClient:
     def __init__(self, bus: JetStreamBus, clock: Clock, *, person: str | None = None) -> None:
         """`person`: connected on their own credential, which reads jobs through the
@@ -446,6 +455,13 @@ class SpotrainClient:
     async def _asked_entry(self, ask: Ask, key: str) -> bytes | None:
         entry = (await self._ask(DeskAsk(ask=ask))).entries.get(key)
         return entry.encode() if entry is not None else None
+
+    async def attempt_logs(self, job_id: str, attempt: int) -> str | None:
+        """What an attempt printed, through the desk (a person's credential: Ray's job API
+        answers the submitter only); None when Ray keeps nothing for it."""
+        if self._person is None:
+            raise PlatformError("a role's credential reads logs from Ray's dashboard")
+        return (await self._ask(DeskAsk(ask=Ask.LOGS, job_id=job_id, attempt=attempt))).logs
 
     async def _ask(self, ask: DeskAsk) -> DeskAnswer:
         """One ask of the records desk, on this person's own subject."""

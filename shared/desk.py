@@ -114,6 +114,9 @@ class Ask(StrEnum):
     """The submitter's view of the teams."""
     UPLOAD = "upload"
     """One part of a workspace; the last part's answer is the stored workspace."""
+    LOGS = "logs"
+    """One attempt's output as Ray keeps it, its last `ANSWER_LIMIT_BYTES`: Ray's job API
+    is the submitter's alone (token authentication), and answers every job's."""
 
 
 class UploadPart(Frozen):
@@ -159,6 +162,8 @@ class DeskAsk(Frozen):
     """For `submit`: the request, as a CloudEvents JSON envelope."""
     part: UploadPart | None = None
     """For `upload`."""
+    attempt: Annotated[int, Field(ge=1)] | None = None
+    """For `logs`: which attempt's."""
 
 
 class StoredEvent(Frozen):
@@ -183,6 +188,8 @@ class DeskAnswer(Frozen):
     """For `pools` and `teams`: the bucket's keys the client reads, as they are stored."""
     workspace: ObjectRef | None = None
     """For `upload`: the workspace, once stored whole."""
+    logs: str | None = None
+    """For `logs`: the attempt's output (None: Ray keeps none for it)."""
 
 
 def page(items: Sequence[T], size: Callable[[T], int], limit: int = ANSWER_LIMIT_BYTES) -> int:

@@ -84,7 +84,7 @@ async def bootstrap(bus: EventBus, stack: AsyncExitStack) -> ServiceDefinition:
     ]
 
     # People with credentials of their own read jobs through the desk, never the bucket.
-    desk = RecordsDesk(bus, deps.store, teams)
+    desk = RecordsDesk(bus, deps.store, teams, deps.ray)
 
     return ServiceDefinition(
         name=SERVICE,

@@ -394,7 +394,8 @@ async def _admit_alone(event: Event[JobRequested], deps: Deps) -> tuple[JobRecor
     )
     unknown = await _unknown_secrets(request, deps)
     if unknown and isinstance(decision, policy.Accept):
-        decision = policy.Reject(RejectionReason.INVALID, policy.unknown_secrets_detail(unknown))
+        detail = policy.unknown_secrets_detail(unknown, _team_name(request.owner, deps))
+        decision = policy.Reject(RejectionReason.INVALID, detail)
     not_theirs = policy.workspace_refusal(request, deps.workspace_bucket)
     if not_theirs is not None:
         decision = policy.Reject(RejectionReason.INVALID, not_theirs)
@@ -633,7 +634,13 @@ async def _unknown_secrets(request: JobRequested, deps: Deps) -> list[str]:
         return []
     if deps.secrets is None:
         return names
-    return [name for name in names if await deps.secrets.value(name) is None]
+    team = _team_name(request.owner, deps)
+    return [name for name in names if await deps.secrets.value(name, team) is None]
+
+
+def _team_name(owner: str, deps: Deps) -> str | None:
+    found = deps.teams.current().team_of(owner) if deps.teams is not None else None
+    return found.name if found is not None else None
 
 
 async def _submit(record: JobRecord, attempt: Attempt, deps: Deps) -> None:
@@ -645,7 +652,8 @@ async def _submit(record: JobRecord, attempt: Attempt, deps: Deps) -> None:
         # Looked up now, for this submission only: the value goes to Ray and nowhere else.
         values = {}
         for variable, name in record.request.secrets.items():
-            value = await deps.secrets.value(name) if deps.secrets is not None else None
+            # The record's team: the one it was admitted in, whatever the file says now.
+            value = await deps.secrets.value(name, record.team) if deps.secrets else None
             if value is None:
                 msg = f"the secret {name} of {record.job_id} is gone; the attempt waits for it"
                 raise RetryLater(5.0, msg)

@@ -63,6 +63,10 @@ class RayJobs(Protocol):
         or done. None when Ray cannot say."""
         ...
 
+    async def logs(self, submission_id: str) -> str | None:
+        """What the attempt printed, as Ray keeps it; None when Ray has no such job."""
+        ...
+
     async def lost_worker_nodes(self, submission_id: str) -> tuple[str, ...] | None:
         """The nodes that held any of an attempt's Ray Train workers and are dead now:
         its failure may be theirs, not its code's. None when Ray cannot say."""
@@ -106,8 +110,9 @@ class TeamsSource(Protocol):
 class Secrets(Protocol):
     """The platform's secrets, by name (a folder of files, a mounted Kubernetes Secret)."""
 
-    async def value(self, name: str) -> str | None:
-        """The secret's value; None when the platform has no such secret."""
+    async def value(self, name: str, team: str | None) -> str | None:
+        """The secret's value for a job of `team` (its own secrets only; a platform
+        without teams has one set); None when there is no such secret for it."""
         ...
 
 

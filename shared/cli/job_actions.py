@@ -27,7 +27,13 @@ from rich.progress import BarColumn, Progress, TaskID, TextColumn
 from shared import sweep
 from shared.cli.console import CliError, duration_s, err, out, print_table, table_width
 from shared.cli.tables import Column, Output, ShowOutput, event_line
-from shared.client import PlatformError, SpotrainClient, current_user, new_job_id
+from shared.client import (
+    PlatformError,
+    SpotrainClient,
+    current_user,
+    current_user_is_a_person,
+    new_job_id,
+)
 from shared.cost import CostRow, Ledger, format_usd, job_costs
 from shared.cost.attribution import Charge, NodeLife
 from shared.elastic import WorkerRange, is_ray_train_script, most_workers, parse_workers
@@ -432,7 +438,6 @@ def logs(job_id: str, follow: bool, attempt: int | None) -> None:
     record = _run(lambda: _with_client(lambda c: c.job(job_id)))
     if record is None:
         raise CliError(f"no job {job_id}")
-    dashboard = ray_dashboard()
     attempts = [a for a in record.attempts if attempt is None or a.number == attempt]
     if not attempts:
         raise CliError(f"{job_id} has no attempt {attempt}")
@@ -440,12 +445,12 @@ def logs(job_id: str, follow: bool, attempt: int | None) -> None:
     for item in attempts[:-1] if follow else attempts:
         # Each attempt on its own: one whose logs Ray cannot give does not hide the others.
         try:
-            _print_logs(dashboard, item.submission_id, item.number, len(record.attempts) > 1)
+            _print_logs(job_id, item, len(record.attempts) > 1)
         except CliError as error:
             err.print(f"attempt {item.number}: {error}")
             unread.append(item.number)
     if follow:
-        ended = _follow_logs(dashboard, job_id, attempts[-1].submission_id)
+        ended = _follow_logs(job_id, attempts[-1])
         if ended is not JobState.SUCCEEDED:
             # As the job ended: a script waiting on `logs -f` learns its outcome.
             raise typer.Exit(1)
@@ -917,10 +922,10 @@ def eta_text(eta_s: float | None) -> str:
     return f"eta {hours}:{minutes:02d}:{seconds:02d}"
 
 
-def _print_logs(dashboard: str, submission_id: str, number: int, headed: bool) -> str:
-    text = _ray_logs(dashboard, submission_id)
+def _print_logs(job_id: str, attempt: Attempt, headed: bool) -> str:
+    text = _logs_of(job_id, attempt)
     if headed:
-        out.print(f"[bold]── attempt {number} ({submission_id}) ──[/]")
+        out.print(f"[bold]── attempt {attempt.number} ({attempt.submission_id}) ──[/]")
     _write_raw(text)
     return text
 
@@ -932,33 +937,64 @@ def _write_raw(text: str) -> None:
     sys.stdout.flush()
 
 
-def _follow_logs(dashboard: str, job_id: str, submission_id: str) -> JobState | None:
+def _follow_logs(job_id: str, attempt: Attempt) -> JobState | None:
     """Print the running attempt's logs as they come, and the next attempt's; the state
     the job ended in."""
     shown = 0
     while True:
-        text = _ray_logs(dashboard, submission_id)
+        text = _logs_of(job_id, attempt)
         _write_raw(text[shown:])
         shown = len(text)
         record = _run(lambda: _with_client(lambda c: c.job(job_id)))
         if record is None or not record.is_active or record.current is None:
             return record.state if record is not None else None
-        if record.current.submission_id != submission_id:
-            submission_id, shown = record.current.submission_id, 0
+        if record.current.submission_id != attempt.submission_id:
+            attempt, shown = record.current, 0
         time.sleep(1)
+
+
+def _logs_of(job_id: str, attempt: Attempt) -> str:
+    """An attempt's output: a person asks the desk (Ray's job API is the submitter's, and
+    answers every job's); a role's credential reads Ray's dashboard, with the stack's Ray
+    token where it has one."""
+    if current_user_is_a_person():
+        found = _run(lambda: _with_client(lambda c: c.attempt_logs(job_id, attempt.number)))
+        return found or ""
+    return _ray_logs(ray_dashboard(), attempt.submission_id)
 
 
 def _ray_logs(dashboard: str, submission_id: str) -> str:
     url = f"{dashboard}/api/jobs/{submission_id}/logs"
+    request = urllib.request.Request(url, headers=ray_token_headers())  # noqa: S310  # Ray's
     try:
-        with urllib.request.urlopen(url, timeout=10) as response:  # noqa: S310  # the Ray dashboard
+        with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310  # the Ray dashboard
             return str(json.load(response).get("logs", ""))
     except urllib.error.HTTPError as error:
         if error.code == 404:
             return ""
+        if error.code == 401:
+            msg = (
+                f"Ray's dashboard at {dashboard} wants its token: set RAY_AUTH_TOKEN_PATH "
+                "(the secure local stack's is <its home>/ray-auth/token)"
+            )
+            raise CliError(msg) from None
         raise CliError(f"Ray answered {error.code} for the logs of {submission_id}") from None
     except OSError as error:
         raise CliError(f"cannot reach Ray's dashboard at {dashboard}: {error}") from None
+
+
+def ray_token_headers() -> dict[str, str]:
+    """Ray's token for its dashboard: `RAY_AUTH_TOKEN`, the file `RAY_AUTH_TOKEN_PATH`
+    names, else the local stack's own when this user may read it (its owner)."""
+    token = os.environ.get("RAY_AUTH_TOKEN", "").strip()
+    path = os.environ.get("RAY_AUTH_TOKEN_PATH", "").strip()
+    if not token:
+        from shared.localstack.settings import LocalStackSettings  # noqa: PLC0415  # only here
+
+        where = Path(path) if path else LocalStackSettings().ray_token_file
+        with contextlib.suppress(OSError):
+            token = where.read_text(encoding="utf-8").strip()
+    return {"Authorization": f"Bearer {token}"} if token else {}
 
 
 def _cost_line(spent: CostRow | None) -> str:

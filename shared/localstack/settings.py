@@ -88,6 +88,12 @@ class LocalStackSettings(BaseSettings):
         return self.home / "nats-auth"
 
     @property
+    def ray_token_file(self) -> Path:
+        """The secure stack's Ray token (`RAY_AUTH_MODE=token`): the submitter's key to Ray's
+        job API, which Ray's own processes and job drivers also hold (mode 0600)."""
+        return self.home / "ray-auth" / "token"
+
+    @property
     def is_secure(self) -> bool:
         return self.secure or (self.nats_auth_dir / "nats-server.conf").exists()
 

@@ -11,14 +11,15 @@ import asyncio
 import http.client
 import json
 import os
+import secrets
 import shutil
 import signal
 import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
@@ -69,6 +70,8 @@ class Component:
     health_url: str
     endpoint: str
     stop_grace_s: float
+    health_headers: Mapping[str, str] = field(default_factory=dict)
+    """What the health check sends besides: Ray's token, on a secure stack."""
 
 
 @dataclass(frozen=True)
@@ -95,7 +98,7 @@ def components(settings: LocalStackSettings) -> list[Component]:
         # Every process of the stack must agree on Ray's auth: Ray 2.60 turns token auth on
         # for a head that finds a token (~/.ray/auth_token, which any earlier local
         # `ray.init()` writes), and the services were then refused by their own cluster.
-        "RAY_AUTH_MODE": "disabled",
+        **ray_auth_env(s),
     }
     auth = nats_auth(s) if s.is_secure else None
     nats = Component(
@@ -167,6 +170,7 @@ def components(settings: LocalStackSettings) -> list[Component]:
             Port(s.ray_client_port, "SPOTRAIN_LOCAL_RAY_CLIENT_PORT"),
         ),
         health_url=f"{s.dashboard_url}/api/version",
+        health_headers=ray_auth_headers(s),
         endpoint=s.dashboard_url,
         # gcs_server ignores SIGTERM for seconds; the session is killed after this.
         stop_grace_s=3,
@@ -380,7 +384,7 @@ def status(settings: LocalStackSettings) -> list[ComponentStatus]:
         record = _running_record(settings, component)
         if record is None:
             state = State.STOPPED
-        elif _healthy(component.health_url):
+        elif _healthy(component.health_url, component.health_headers):
             state = State.HEALTHY
         else:
             state = State.UNHEALTHY
@@ -402,6 +406,30 @@ def nats_auth(settings: LocalStackSettings) -> NatsConfig:
     """The secure stack's NATS configuration, written again from the table and the people
     of its folder (their passwords kept)."""
     return write_nats_config(settings.nats_auth_dir, server_name=NATS_SERVER_NAME)
+
+
+def ray_auth_env(settings: LocalStackSettings) -> dict[str, str]:
+    """How the stack's processes authenticate to Ray. A secure stack turns Ray's token
+    authentication on, with a token of its own (made once, mode 0600): Ray binds its
+    servers beyond loopback whatever the node's address (GCS, raylets, agents), so on a
+    shared host they answer only the token's holders. A stack of one person's own keeps
+    it off, and says so, whatever `~/.ray/auth_token` an earlier `ray.init()` left."""
+    if not settings.is_secure:
+        return {"RAY_AUTH_MODE": "disabled"}
+    token = settings.ray_token_file
+    if not token.is_file():
+        token.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(token, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as file:
+            file.write(secrets.token_hex(32))
+    return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)}
+
+
+def ray_auth_headers(settings: LocalStackSettings) -> dict[str, str]:
+    """What a request to the stack's Ray dashboard carries: its token, on a secure stack."""
+    if ray_auth_env(settings).get("RAY_AUTH_MODE") != "token":
+        return {}
+    return {"Authorization": f"Bearer {settings.ray_token_file.read_text().strip()}"}
 
 
 def reload_nats(settings: LocalStackSettings) -> bool:
@@ -458,7 +486,7 @@ def _wait_healthy(
                 last_lines = tail(Path(record.log))
                 msg = f"{name} exited while starting; the end of {record.log}:\n{last_lines}"
                 raise StackError(msg)
-            if _healthy(component.health_url):
+            if _healthy(component.health_url, component.health_headers):
                 del waiting[name]
         if waiting and time.monotonic() > deadline:
             names = ", ".join(waiting)
@@ -470,9 +498,10 @@ def _wait_healthy(
         time.sleep(0.1)
 
 
-def _healthy(url: str) -> bool:
+def _healthy(url: str, headers: Mapping[str, str] | None = None) -> bool:
     try:
-        with urllib.request.urlopen(url, timeout=1) as response:  # noqa: S310  # our own http URLs
+        request = urllib.request.Request(url, headers=dict(headers or {}))  # noqa: S310  # ours
+        with urllib.request.urlopen(request, timeout=1) as response:  # noqa: S310  # our own http URLs
             return bool(response.status == 200)
     except (urllib.error.URLError, OSError, ValueError, http.client.HTTPException):
         # Not HTTP: another process took the port after the check (a gRPC server, say).

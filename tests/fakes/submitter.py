@@ -80,6 +80,11 @@ class FakeRay:
         self.lost_workers: dict[str, tuple[str, ...]] = {}
         """Submission id -> the dead nodes that held its Ray Train workers."""
         self.worker_lookups: list[str] = []
+        self.printed: dict[str, str] = {}
+        """Submission id -> what its command printed."""
+
+    async def logs(self, submission_id: str) -> str | None:
+        return self.printed.get(submission_id)
 
     async def submit(self, plan: SubmissionPlan, working_dir: Path | None) -> None:
         if plan.submission_id in self.statuses:
@@ -198,8 +203,9 @@ class FixedSecrets:
     def __init__(self, values: dict[str, str]) -> None:
         self.values = values
 
-    async def value(self, name: str) -> str | None:
-        return self.values.get(name)
+    async def value(self, name: str, team: str | None) -> str | None:
+        """`team/name` for a team's secret, `name` for a platform without teams."""
+        return self.values.get(f"{team}/{name}" if team is not None else name)
 
 
 def submitter_deps(tmp_path: Path, **fields: Any) -> Deps:

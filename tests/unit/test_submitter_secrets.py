@@ -13,11 +13,14 @@ from services.submitter.adapters.secret_files import SecretFiles
 from services.submitter.handlers import Deps, on_job_requested
 from shared.events.data import JobRequested, RejectionReason
 from shared.messaging.memory import InMemoryBus
+from shared.teams import parse_teams
 from tests.events import job_requested
 from tests.fakes.submitter import (
     FakeRay,
     FixedSecrets,
+    FixedTeams,
     InMemoryJobStore,
+    InMemoryTeamHolds,
     place_queued,
     submitter_deps,
 )
@@ -75,6 +78,49 @@ def test_a_variable_is_either_plain_or_a_secret() -> None:
 
 async def test_secret_files_are_read_from_the_folder_only(tmp_path: Path) -> None:
     (tmp_path / "hf-token").write_text(TOKEN + "\n")
+    (tmp_path / "nlp").mkdir()
+    (tmp_path / "nlp" / "hf-token").write_text("nlp-only\n")
     secrets = SecretFiles(tmp_path)
-    assert await secrets.value("hf-token") == TOKEN, "the trailing newline is not the secret"
-    assert await secrets.value("missing") is None
+    assert await secrets.value("hf-token", None) == TOKEN, "the trailing newline is not it"
+    assert await secrets.value("missing", None) is None
+    # A team's secrets are its folder's: never the platform's top files, nor another's.
+    assert await secrets.value("hf-token", "nlp") == "nlp-only"
+    assert await secrets.value("hf-token", "vision") is None
+
+
+TEAMS = parse_teams(
+    """
+[teams.vision]
+members = ["alice"]
+[teams.nlp]
+members = ["bob"]
+"""
+)
+
+
+async def test_a_job_gets_its_own_teams_secrets_only(tmp_path: Path) -> None:
+    """Alice (vision) names nlp's secret: refused with one line, and Ray never sees it;
+    bob (nlp) gets it."""
+    deps = submitter_deps(
+        tmp_path,
+        secrets=FixedSecrets({"nlp/hf-token": TOKEN}),
+        teams=FixedTeams(TEAMS),
+        holds=InMemoryTeamHolds(),
+    )
+    await on_job_requested(
+        job_requested("j-a", owner="alice", secrets={"HF_TOKEN": "hf-token"}), deps
+    )
+    await on_job_requested(
+        job_requested("j-b", owner="bob", secrets={"HF_TOKEN": "hf-token"}), deps
+    )
+    await place_queued(deps)
+    store = deps.store
+    assert isinstance(store, InMemoryJobStore)
+    refused, _ = store.records["j-a"]
+    assert refused.rejection is RejectionReason.INVALID
+    assert (refused.detail or "").startswith("team vision has no secret hf-token (")
+    ray = deps.ray
+    assert isinstance(ray, FakeRay)
+    assert [(plan.submission_id, plan.env_vars["HF_TOKEN"]) for plan, _ in ray.submitted] == [
+        ("j-b-1", TOKEN)
+    ]

@@ -128,6 +128,17 @@ class RayJobSubmission:
 
         return await asyncio.to_thread(waits_for_room)
 
+    async def logs(self, submission_id: str) -> str | None:
+        def logs() -> str | None:
+            try:
+                return str(self._connect().get_job_logs(submission_id))
+            except RuntimeError as error:
+                if "404" in str(error) or "does not exist" in str(error):
+                    return None
+                raise
+
+        return await asyncio.to_thread(logs)
+
     async def lost_worker_nodes(self, submission_id: str) -> tuple[str, ...] | None:
         def lost_worker_nodes() -> tuple[str, ...] | None:
             from ray.util.state import get_node, list_actors  # noqa: PLC0415  # see _connect

@@ -18,9 +18,10 @@ from pydantic import ValidationError
 
 from services.submitter import policy
 from services.submitter.adapters.desk_uploads import DeskUploads
-from services.submitter.ports import JobStore, TeamsSource
+from services.submitter.ports import JobStore, RayJobs, TeamsSource
 from shared.cost import COST_EVENTS
 from shared.desk import (
+    ANSWER_LIMIT_BYTES,
     DESK,
     MOST_ASKS_PER_PERSON,
     Ask,
@@ -46,6 +47,7 @@ from shared.events import (
     subjects_for,
 )
 from shared.events.data import JobCancelRequested, JobRequested
+from shared.jobs import JobRecord
 from shared.messaging.dead_letters import DETAIL, MSG_ID, ORIGINAL_SUBJECT, REASON, SERVICE
 from shared.messaging.delivery import DeadLetterReason
 from shared.messaging.jetstream import JetStreamBus
@@ -65,8 +67,15 @@ _REQUESTS = (JobRequested, JobCancelRequested)
 
 
 class RecordsDesk:
-    def __init__(self, bus: JetStreamBus, store: JobStore, teams: TeamsSource | None) -> None:
+    def __init__(
+        self,
+        bus: JetStreamBus,
+        store: JobStore,
+        teams: TeamsSource | None,
+        ray: RayJobs | None = None,
+    ) -> None:
         self._bus = bus
+        self._ray = ray
         self._store = store
         self._teams = teams
         self._news: dict[str, asyncio.Event] = {}
@@ -154,13 +163,15 @@ class RecordsDesk:
         match ask.ask:
             case Ask.JOBS:
                 return await self._jobs(ask, reader, teams)
-            case Ask.JOB | Ask.HISTORY:
+            case Ask.JOB | Ask.HISTORY | Ask.LOGS:
                 if ask.job_id is None:
                     return DeskAnswer(refused=f"an ask for {ask.ask.value} names a job")
                 found = await self._store.get(ask.job_id)
                 if found is None or not policy.may_read(found[0], reader, teams):
                     return DeskAnswer()  # the same answer whether it is not there or not theirs
                 record = found[0]
+                if ask.ask is Ask.LOGS:
+                    return await self._logs(record, ask.attempt)
                 if ask.ask is Ask.JOB:
                     may_cancel = policy.who_may_not_cancel(record, reader, teams) is None
                     return DeskAnswer(records=(record,), may_cancel=may_cancel)
@@ -235,6 +246,17 @@ class RecordsDesk:
             if entry.value:
                 entries[key] = entry.value.decode()
         return entries
+
+    async def _logs(self, record: JobRecord, number: int | None) -> DeskAnswer:
+        attempt = next((a for a in record.attempts if a.number == number), None)
+        if attempt is None:
+            return DeskAnswer(refused=f"{record.job_id} has no attempt {number}")
+        if self._ray is None:
+            return DeskAnswer(refused="this desk reads no logs")
+        text = await self._ray.logs(attempt.submission_id)
+        if text is not None and len(text) > ANSWER_LIMIT_BYTES:
+            text = text[-ANSWER_LIMIT_BYTES:]  # the end of a long run's output matters most
+        return DeskAnswer(logs=text)
 
     async def _jobs(self, ask: DeskAsk, reader: str, teams: Teams | None) -> DeskAnswer:
         records = sorted(

@@ -168,8 +168,14 @@ def workspace_refusal(request: JobRequested, bucket: str) -> str | None:
     return None
 
 
-def unknown_secrets_detail(names: Iterable[str]) -> str:
+def unknown_secrets_detail(names: Iterable[str], team: str | None = None) -> str:
     listed = ", ".join(names)
+    if team is not None:
+        return (
+            f"team {team} has no secret {listed} (a file of ~/.spotrain/secrets/{team} on the "
+            f"local stack, a key of the chart's secret for team {team} on GKE); a job gets its "
+            "own team's secrets only"
+        )
     return (
         f"the platform has no secret {listed} (a file of ~/.spotrain/secrets on the local "
         "stack, a key of the chart's submitter secret on GKE)"
