@@ -1,0 +1,70 @@
+"""Issue 32's attacks on the secure stack, each against a real nats-server and real Ray:
+each is refused, and bob's job and secret come to no harm."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import urllib.request
+
+import pytest
+
+from shared.jobs import JobState
+from shared.workspace import workspaces_bucket
+from tests.security.attacks import ATTACKS, PREFIX, Arena, Attack
+from tests.security.conftest import BOBS_TEAM_SECRET, World
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+
+@pytest.mark.parametrize("attack", ATTACKS, ids=[a.name for a in ATTACKS])
+async def test_the_attack_is_refused(arena: Arena, attack: Attack) -> None:
+    assert not await attack.run(arena), f"{attack.kind}: {attack.name} got through"
+
+
+async def test_the_victims_job_is_untouched(arena: Arena, world: World) -> None:
+    for attack in ATTACKS:
+        if attack.kind in ("reply_route", "consumers"):
+            await attack.run(arena)
+    record = await arena.client(arena.bob, "bob").job(world.victim_job)
+    assert record is not None
+    assert record.request.owner == "bob"
+    assert not record.cancel_requested
+    assert record.state in (JobState.QUEUED, JobState.RUNNING), record.state
+    # The bus holds no event that carries bob's team secret.
+    stored = await arena.ops.read(f"{PREFIX}.>")
+    assert all(BOBS_TEAM_SECRET.encode() not in m.data for m in stored)
+
+
+async def test_the_workspace_store_was_declared_by_the_platform_at_start(arena: Arena) -> None:
+    """Before anyone uploaded, the store is there, as the submitter declared it: nobody
+    could have made one of their own first."""
+    info = await arena.ops.client.jetstream().stream_info(f"OBJ_{workspaces_bucket(PREFIX)}")
+    assert info.config.sources is None or info.config.sources == []
+    assert info.config.mirror is None
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["direct-get-into-bobs-subject", "read-the-jobs-bucket", "list-the-streams",
+     "tail-the-job-events"],
+)  # fmt: skip
+async def test_a_probe_sees_a_route_that_is_open(arena: Arena, name: str) -> None:
+    """The same probe, run with the operators' credential (the whole JetStream API): it
+    reports the route open, so its silence for a person means a refusal."""
+    [attack] = [a for a in ATTACKS if a.name == name]
+    as_ops = dataclasses.replace(arena, alice=arena.ops)
+    assert await attack.run(as_ops), f"{name} saw no route even for ops"
+
+
+def test_the_ray_api_answers_its_token(world: World) -> None:
+    """What the Ray probes are refused, the token's holder (the submitter) is given: the
+    refusal is the token's doing."""
+    token = (world.home / "ray-auth" / "token").read_text().strip()
+    dashboard = f"http://127.0.0.1:{world.env['SPOTRAIN_LOCAL_RAY_DASHBOARD_PORT']}"
+    request = urllib.request.Request(  # noqa: S310  # the stack's own Ray
+        f"{dashboard}/api/jobs/", headers={"Authorization": f"Bearer {token}"}
+    )
+    with urllib.request.urlopen(request, timeout=5) as response:  # noqa: S310
+        assert response.status == 200
+        assert isinstance(json.load(response), list)
