@@ -586,6 +586,8 @@ def test_every_process_starts_with_its_rendered_settings(
             # The node's name from the downward API: what the kubelet would give.
             node = {"fieldRef": {"fieldPath": "spec.nodeName"}}
             value = "gke-training-gpu-spot-3f9a1c2b-x7kq" if rendered == node else rendered
+            if isinstance(value, dict) and "secretKeyRef" in value:
+                value = "a-value-from-a-secret"  # what the kubelet reads from the Secret
             assert isinstance(value, str), (where, name, value)
             monkeypatch.setenv(name, value)
         if "SPOTRAIN_SCALER_POOLS_FILE" in env_of(container):
@@ -610,7 +612,8 @@ def test_rendered_settings_say_what_the_values_say(
             "containers"
         ]
         for name, value in env_of(container).items():
-            monkeypatch.setenv(name, value)
+            if isinstance(value, str):  # not one the kubelet reads from a Secret
+                monkeypatch.setenv(name, value)
 
     load("spotrain-scaler")
     pools_file = tmp_path / "pools.toml"
@@ -692,9 +695,31 @@ def test_role_environment_files_are_loaded_whole_from_one_secret_per_process(
     assert len(secrets) == len(set(secrets)) == 6, secrets
 
 
-def test_no_credentials_volume_without_credentials(minimal: list[Manifest]) -> None:
-    for where, container in _processes(minimal):
+def test_no_credentials_volume_without_credentials(helm: Helm) -> None:
+    without = helm.render(sets={**REQUIRED_SETS, "natsCredentials.enabled": "false"})
+    for where, container in _processes(without):
         assert "SPOTRAIN_NATS_CREDS_FILE" not in env_of(container), where
+
+
+def test_credentials_are_on_by_default(minimal: list[Manifest]) -> None:
+    """A server that requires them refuses a process without; one that does not would let
+    anyone act as anyone: every process carries its own unless the values say otherwise."""
+    for where, container in _processes(minimal):
+        assert "SPOTRAIN_NATS_CREDS_FILE" in env_of(container), where
+
+
+def test_rays_token_goes_to_ray_and_the_services_that_drive_it_only(
+    minimal: list[Manifest],
+) -> None:
+    token = {"secretKeyRef": {"name": "spotrain-ray-token", "key": "token"}}
+    holders = set()
+    for pod in pods(minimal):
+        for container in pod.spec["containers"]:
+            env = env_of(container)
+            if env.get("RAY_AUTH_TOKEN") == token:
+                assert env["RAY_AUTH_MODE"] == "token", pod.where
+                holders.add(pod.metadata["labels"]["app.kubernetes.io/component"])
+    assert holders == {"submitter", "scaler", "checkpointer", "ray-head", "ray-worker"}
 
 
 # -- Workload Identity ---------------------------------------------------------------------

@@ -16,7 +16,7 @@ from shared.localstack.nats_server import NatsServer
 from shared.messaging import BusSettings
 from shared.messaging.jetstream import JetStreamBus
 from shared.pools import pools_bucket
-from tests.helm.chart import Manifest, env_of, kinds
+from tests.helm.chart import REQUIRED_SETS, Helm, Manifest, env_of, kinds
 
 pytestmark = [pytest.mark.helm, pytest.mark.integration]
 
@@ -36,11 +36,14 @@ def _run_hook(job: Manifest, env: dict[str, str]) -> subprocess.CompletedProcess
 
 
 async def test_hook_declares_what_the_services_then_open_unchanged(
-    minimal: list[Manifest], nats_server: NatsServer
+    helm: Helm, nats_server: NatsServer
 ) -> None:
     """Stream and buckets exist after the hook; a second run and each service's own
     declaration accept them as they are (a differing configuration would be refused)."""
-    (job,) = kinds(minimal, "Job")
+    # The test's server asks for no credentials (the chart's credentials have tests of
+    # their own).
+    rendered = helm.render(sets={**REQUIRED_SETS, "natsCredentials.enabled": "false"})
+    (job,) = kinds(rendered, "Job")
     prefix = f"t{uuid.uuid4().hex[:8]}"
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPOTRAIN_")}
     env |= env_of(job["spec"]["template"]["spec"]["containers"][0])

@@ -163,3 +163,19 @@ annotations:
 {{- fail (printf "\n  - %s" (join "\n  - " .)) }}
 {{- end }}
 {{- end }}
+
+{{- /* Ray's token authentication, for the Ray pods and the services that call Ray. */}}
+{{- define "spotrain.rayAuthEnv" -}}
+{{- if .root.Values.ray.auth.enabled }}
+- name: RAY_AUTH_MODE
+  value: token
+- name: RAY_AUTH_TOKEN
+  valueFrom:
+    secretKeyRef:
+      name: {{ .root.Values.ray.auth.tokenSecret }}
+      key: {{ .root.Values.ray.auth.key }}
+{{- else }}
+- name: RAY_AUTH_MODE
+  value: disabled
+{{- end }}
+{{- end }}
