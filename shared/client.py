@@ -45,7 +45,7 @@ from shared.events.data import (
     JobSucceeded,
 )
 from shared.events.types import ObjectRef
-from shared.jobs import JobRecord, jobs_bucket
+from shared.jobs import JobRecord, jobs_bucket, refusals_bucket
 from shared.messaging import BusSettings
 from shared.messaging.jetstream import BusUnavailableError, JetStreamBus
 from shared.messaging.kv import latest_entries
@@ -329,7 +329,9 @@ class SpotrainClient:
         try:
             entry = await kv.get(job_id)
         except nats.js.errors.KeyNotFoundError:
-            return None
+            # A refused request's record is kept for a while in a bucket of its own.
+            refused = await self._entry(refusals_bucket(jobs_bucket(self.prefix)), job_id)
+            return JobRecord.model_validate_json(refused) if refused else None
         return JobRecord.model_validate_json(entry.value) if entry.value else None
 
     async def history(self, job_id: str) -> list[Event[EventData]]:

@@ -17,6 +17,11 @@ def jobs_bucket(prefix: str) -> str:
     return f"{prefix}-jobs"
 
 
+def refusals_bucket(jobs: str) -> str:
+    """Where the refused requests of the jobs bucket `jobs` are kept, for a while."""
+    return f"{jobs}-refused"
+
+
 class JobState(StrEnum):
     REJECTED = "rejected"
     QUEUED = "queued"

@@ -48,7 +48,9 @@ async def bootstrap(bus: EventBus, stack: AsyncExitStack) -> ServiceDefinition:
     deps = Deps(
         bus=bus,
         clock=SystemClock(),
-        store=await KvJobStore.open(js, jobs_bucket(bus.prefix)),
+        store=await KvJobStore.open(
+            js, jobs_bucket(bus.prefix), refusals_max_age_s=settings.refused_records_max_age_s
+        ),
         ray=RayJobSubmission(settings.ray_address),
         workspaces=ObjectStoreWorkspaces(js, settings.workspace_cache_dir),
         progress=StorageProgressReader(),

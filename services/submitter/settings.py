@@ -57,6 +57,8 @@ class SubmitterSettings(RuntimeSettings):
     """An elastic attempt short of its MIN workers this long goes on as a new attempt from
     its latest checkpoint, where the checkpointer finds capacity."""
     secrets_dir: Path = Field(default_factory=lambda: _home("secrets"))
+    refused_records_max_age_s: float = Field(7 * 86_400.0, gt=0)
+    """How long a refused request's record is kept (`spotrain show` finds it until then)."""
     """One file per secret that jobs may name with `--secret` (a mounted Secret on GKE)."""
     default_max_hours: float = Field(24.0, gt=0)
     """On a team with a budget, the hours a job without `--max-hours` is held to."""

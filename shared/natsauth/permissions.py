@@ -41,7 +41,7 @@ from shared.events.data import (
     PoolResizeFailed,
     PoolResizeRequested,
 )
-from shared.jobs import jobs_bucket
+from shared.jobs import jobs_bucket, refusals_bucket
 from shared.messaging.settings import Role
 from shared.pools import pools_bucket
 from shared.teams import teams_bucket
@@ -56,6 +56,7 @@ class Bucket(StrEnum):
     TEAMS = "teams"
     WORKSPACES = "workspaces"
     UPLOADS = "uploads"
+    REFUSALS = "refusals"
 
 
 def replay_subjects(prefix: str) -> str:
@@ -89,6 +90,8 @@ class BusNames:
                 return workspaces_bucket(self.prefix)
             case Bucket.UPLOADS:
                 return uploads_bucket(self.prefix)
+            case Bucket.REFUSALS:
+                return refusals_bucket(jobs_bucket(self.prefix))
 
     def kv_stream(self, bucket: Bucket) -> str:
         return f"KV_{self.bucket(bucket)}"
@@ -423,6 +426,7 @@ TABLE: tuple[RoleSpec, ...] = (
             JobCancelled,
         ),
         WritesBucket(Bucket.JOBS),
+        WritesBucket(Bucket.REFUSALS),
         WritesBucket(Bucket.TEAMS),
         DeclaresObjects(Bucket.WORKSPACES),
         ReadsBucket(Bucket.POOLS, listing=False),  # prices and spend, for team budgets
@@ -475,6 +479,7 @@ TABLE: tuple[RoleSpec, ...] = (
             Publishes(CLIENT_REQUESTS),
             UploadsObjects(Bucket.WORKSPACES),
             ReadsBucket(Bucket.JOBS),
+            ReadsBucket(Bucket.REFUSALS, listing=False),
             ReadsBucket(Bucket.POOLS, listing=False),
             ReadsBucket(Bucket.TEAMS, listing=False),
             ReadsHistory(("job", "node")),

@@ -11,11 +11,12 @@ import pytest
 
 from services.scaler.adapters.kv_demand import KvDemandStore
 from services.submitter.adapters.kv_job_store import KvJobStore
-from shared.jobs import jobs_bucket
+from shared.jobs import jobs_bucket, refusals_bucket
 from shared.localstack.nats_server import NatsServer
 from shared.messaging import BusSettings
 from shared.messaging.jetstream import JetStreamBus
 from shared.pools import pools_bucket
+from shared.workspace import uploads_bucket, workspaces_bucket
 from tests.helm.chart import REQUIRED_SETS, Helm, Manifest, env_of, kinds
 
 pytestmark = [pytest.mark.helm, pytest.mark.integration]
@@ -62,8 +63,15 @@ async def test_hook_declares_what_the_services_then_open_unchanged(
         assert info.config.subjects == [f"{prefix}.>"]
         await KvJobStore.open(js, jobs_bucket(prefix))
         await KvDemandStore.open(js, pools_bucket(prefix))
-        for bucket in (jobs_bucket(prefix), pools_bucket(prefix)):
+        for bucket in (
+            jobs_bucket(prefix),
+            refusals_bucket(jobs_bucket(prefix)),
+            pools_bucket(prefix),
+        ):
             await js.key_value(bucket)  # raises BucketNotFoundError if the hook left it out
+        # The object stores too: declared by the platform, never on first use.
+        for store in (workspaces_bucket(prefix), uploads_bucket(prefix)):
+            await js.object_store(store)
     finally:
         await bus.close()
 

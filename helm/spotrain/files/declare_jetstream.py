@@ -1,4 +1,5 @@
-"""Declare spotrain's JetStream stream and key-value buckets (the chart's pre-install hook).
+"""Declare spotrain's JetStream stream, key-value buckets and object stores (the chart's
+pre-install hook).
 
 Runs with the services' image and their SPOTRAIN_* bus settings, and declares through the
 services' own code, so the configurations match what each service re-declares at start.
@@ -14,12 +15,13 @@ import structlog
 from services.scaler.adapters.kv_demand import KvDemandStore
 from services.submitter.adapters.kv_job_store import KvJobStore
 from services.submitter.adapters.team_holds import KvTeamHolds
-from shared.jobs import jobs_bucket
+from shared.jobs import jobs_bucket, refusals_bucket
 from shared.logs import configure_logging
 from shared.messaging import BusSettings
 from shared.messaging.jetstream import JetStreamBus
 from shared.pools import pools_bucket
 from shared.teams import teams_bucket
+from shared.workspace import declare_stores, uploads_bucket, workspaces_bucket
 
 log = structlog.get_logger()
 
@@ -32,7 +34,15 @@ async def declare(settings: BusSettings) -> None:
         await KvJobStore.open(js, jobs_bucket(bus.prefix))
         await KvDemandStore.open(js, pools_bucket(bus.prefix))
         await KvTeamHolds.open(js, teams_bucket(bus.prefix))
-        buckets = [jobs_bucket(bus.prefix), pools_bucket(bus.prefix), teams_bucket(bus.prefix)]
+        await declare_stores(js, bus.prefix)
+        buckets = [
+            jobs_bucket(bus.prefix),
+            refusals_bucket(jobs_bucket(bus.prefix)),
+            pools_bucket(bus.prefix),
+            teams_bucket(bus.prefix),
+            workspaces_bucket(bus.prefix),
+            uploads_bucket(bus.prefix),
+        ]
         log.info("jetstream.declared", stream=settings.stream, buckets=buckets)
     finally:
         await bus.close()
