@@ -75,6 +75,14 @@ class PlatformError(RuntimeError):
     """The platform refused or could not be reached; the message is for the user."""
 
 
+class DeskRefusedError(PlatformError):
+    """The desk would not answer; `retry_after_s` when only for now (a share used up)."""
+
+    def __init__(self, message: str, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
 def new_job_id(entrypoint: Sequence[str]) -> str:
     """A readable, unique id: the script's name and a random suffix (`train-3f9a1c`)."""
     stem = Path(
@@ -298,7 +306,7 @@ class SpotrainClient:
             subject=job_id,
         )
         if self._person is not None:
-            await self._ask(DeskAsk(ask=Ask.SUBMIT, event=encode(event).decode()))
+            await self._submit_to_desk(event)
             return
         await self._bus.publish(event)
 
@@ -480,8 +488,21 @@ class SpotrainClient:
             raise PlatformError("the submitter's records desk did not answer in time") from None
         answer = DeskAnswer.model_validate_json(reply.data)
         if answer.refused is not None:
-            raise PlatformError(answer.refused)
+            raise DeskRefusedError(answer.refused, answer.retry_after_s)
         return answer
+
+    async def _submit_to_desk(self, event: Event[Any], *, most_waits: int = 30) -> DeskAnswer:
+        """A request through the desk; past this person's share, sent again when the desk
+        says (the same event: stored once, whatever the retries)."""
+        ask = DeskAsk(ask=Ask.SUBMIT, event=encode(event).decode())
+        for _ in range(most_waits):
+            try:
+                return await self._ask(ask)
+            except DeskRefusedError as refusal:
+                if refusal.retry_after_s is None:
+                    raise
+                await asyncio.sleep(refusal.retry_after_s)
+        return await self._ask(ask)
 
     async def _pages(self, ask: DeskAsk) -> list[DeskAnswer]:
         """Every page of an answer: asked again from where each stopped while it says more."""
@@ -511,7 +532,7 @@ class SpotrainClient:
         event = new_event(
             request, source=f"cli/{request.owner}", time=self._clock.now(), subject=request.job_id
         )
-        stored = await self._ask(DeskAsk(ask=Ask.SUBMIT, event=encode(event).decode()))
+        stored = await self._submit_to_desk(event)
         deadline = asyncio.get_running_loop().time() + answer_timeout_s
         # The answer comes after the request: the stream stored it after this sequence.
         ask = DeskAsk(ask=Ask.HISTORY, job_id=request.job_id, after_seq=stored.next_seq)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Annotated, Any, TypeVar
 
@@ -92,6 +93,38 @@ DESK = "desk"
 MOST_ASKS_PER_PERSON = 16
 """Asks of one person answered at once; past it the desk refuses at once, so one person's
 flood of slow asks leaves room for everyone else's."""
+
+
+REQUESTS_BURST = 200
+"""Requests one person may send at once (a sweep of 200 points goes in one go)..."""
+REQUESTS_PER_S = 2.0
+"""... and then how many a second: one person's flood of requests, each a record the
+submitter decides and keeps, cannot delay everyone else's."""
+
+
+@dataclass(frozen=True)
+class Allowance:
+    """What is left of one person's requests (a token bucket), and when it was counted."""
+
+    left: float
+    at: float
+
+
+def take_request(
+    allowance: Allowance | None,
+    now: float,
+    *,
+    burst: int = REQUESTS_BURST,
+    per_s: float = REQUESTS_PER_S,
+) -> tuple[Allowance, float | None]:
+    """One more request of a person's, at `now` (seconds, any monotonic clock): what is
+    left after it, and None when it may go, else in how many seconds one may."""
+    if allowance is None:
+        allowance = Allowance(left=float(burst), at=now)
+    left = min(float(burst), allowance.left + max(0.0, now - allowance.at) * per_s)
+    if left >= 1.0:
+        return Allowance(left=left - 1.0, at=now), None
+    return Allowance(left=left, at=now), (1.0 - left) / per_s
 
 
 class Ask(StrEnum):
@@ -188,6 +221,8 @@ class DeskAnswer(Frozen):
     """For `pools` and `teams`: the bucket's keys the client reads, as they are stored."""
     workspace: ObjectRef | None = None
     """For `upload`: the workspace, once stored whole."""
+    retry_after_s: float | None = None
+    """With `refused`: the asker sent more than their share; this much later, they may."""
     logs: str | None = None
     """For `logs`: the attempt's output (None: Ray keeps none for it)."""
 

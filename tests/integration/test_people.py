@@ -21,13 +21,15 @@ import pytest
 
 from services.submitter.adapters.kv_job_store import KvJobStore
 from services.submitter.adapters.records_desk import RecordsDesk
-from shared.client import PlatformError, SpotrainClient, current_user
+from shared.client import DeskRefusedError, PlatformError, SpotrainClient, current_user
 from shared.clock import SystemClock
 from shared.desk import (
     DESK,
     HIDDEN_OWNER,
     MOST_ASKS_PER_PERSON,
     PART_BYTES,
+    REQUESTS_BURST,
+    REQUESTS_PER_S,
     Ask,
     DeskAsk,
     UploadPart,
@@ -440,3 +442,30 @@ async def test_one_persons_flood_of_asks_leaves_room_for_another(desk: Desk) -> 
     finally:
         for task in flood:
             task.cancel()
+
+
+async def test_past_a_persons_share_of_requests_the_desk_says_when_to_send_again(
+    desk: Desk,
+) -> None:
+    alice = await desk.client("alice")
+
+    async def request(n: int) -> float | None:
+        event = new_event(
+            job_requested(f"flood-{n}", owner="alice").data, source="cli/alice", time=NOW
+        )
+        try:
+            await alice._ask(DeskAsk(ask=Ask.SUBMIT, event=encode(event).decode()))
+        except DeskRefusedError as refusal:
+            return refusal.retry_after_s if refusal.retry_after_s is not None else -1.0
+        return None
+
+    waits = [await request(n) for n in range(REQUESTS_BURST + 5)]
+    assert waits[:REQUESTS_BURST] == [None] * REQUESTS_BURST
+    assert all(w is not None and 0 < w <= 1 / REQUESTS_PER_S for w in waits[REQUESTS_BURST:])
+    # Bob's share is his own; and alice's client waits as told and gets through.
+    bob = await desk.client("bob")
+    await bob.submit(job_requested("bob-2", owner="bob").data, answer_timeout_s=0.1)
+    await alice.submit(job_requested("alice-late", owner="alice").data, answer_timeout_s=0.1)
+    ops = await desk.people.bus("ops")
+    stored = {m.subject for m in await ops.read(f"{PREFIX}.job.requested.>")}
+    assert {f"{PREFIX}.job.requested.bob", f"{PREFIX}.job.requested.alice"} <= stored

@@ -15,6 +15,8 @@ from services.submitter import policy
 from shared.desk import (
     HIDDEN_OWNER,
     PART_BYTES,
+    REQUESTS_BURST,
+    REQUESTS_PER_S,
     DeskAsk,
     UploadPart,
     alias,
@@ -27,6 +29,7 @@ from shared.desk import (
     person_event_id,
     person_inbox_prefix,
     replies_to_asker,
+    take_request,
 )
 from shared.events import Event, decode, encode, new_event, subject_matches
 from shared.events.data import JobAccepted, JobFailed, JobRequested, JobStarted
@@ -210,3 +213,26 @@ def test_the_parts_of_a_workspace_cover_it_once(size: int) -> None:
 def test_an_upload_part_is_refused_past_the_workspace_limit() -> None:
     with pytest.raises(ValidationError):
         UploadPart(sha256="0" * 64, size=DEFAULT_LIMIT_BYTES + 1, offset=0, data="")
+
+
+def test_a_persons_share_of_requests_is_a_burst_then_a_rate() -> None:
+    allowance = None
+    for _ in range(REQUESTS_BURST):
+        allowance, wait_s = take_request(allowance, 100.0)
+        assert wait_s is None
+    allowance, wait_s = take_request(allowance, 100.0)
+    assert wait_s == pytest.approx(1 / REQUESTS_PER_S)
+    allowance, wait_s = take_request(allowance, 100.0 + 1 / REQUESTS_PER_S)
+    assert wait_s is None, "after the wait it says, one more goes"
+    _, wait_s = take_request(allowance, 100.0 + 1 / REQUESTS_PER_S)
+    assert wait_s is not None
+
+
+@given(st.lists(st.floats(min_value=0, max_value=5), min_size=1, max_size=400))
+def test_no_person_sends_more_than_the_burst_and_the_rate_allow(gaps: list[float]) -> None:
+    allowance, now, sent = None, 0.0, 0
+    for gap in gaps:
+        now += gap
+        allowance, wait_s = take_request(allowance, now)
+        sent += wait_s is None
+        assert sent <= REQUESTS_BURST + now * REQUESTS_PER_S + 1e-9

@@ -24,6 +24,7 @@ from shared.desk import (
     ANSWER_LIMIT_BYTES,
     DESK,
     MOST_ASKS_PER_PERSON,
+    Allowance,
     Ask,
     DeskAnswer,
     DeskAsk,
@@ -35,6 +36,7 @@ from shared.desk import (
     page,
     person_event_id,
     replies_to_asker,
+    take_request,
 )
 from shared.events import (
     InvalidEventError,
@@ -82,6 +84,7 @@ class RecordsDesk:
         self._answering = asyncio.Semaphore(MOST_ASKS_AT_ONCE)
         self._tasks: set[asyncio.Task[None]] = set()
         self._in_flight: dict[str, int] = {}
+        self._allowances: dict[str, Allowance] = {}
         self._uploads = DeskUploads(bus.client.jetstream(), bus.prefix)
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -194,7 +197,17 @@ class RecordsDesk:
     async def _submit(self, ask: DeskAsk, reader: str) -> DeskAnswer:
         """The request on the asker's own subject, stored under an id of their namespace:
         the submitter's intake takes it from there, as it takes any tool's. A claim to be
-        someone else is the intake's to refuse (dead-lettered `not-the-sender`)."""
+        someone else is refused, and dead-lettered `not-the-sender`; past the person's
+        share of requests, one is refused with when to send it again."""
+        now = asyncio.get_running_loop().time()
+        allowance, wait_s = take_request(self._allowances.get(reader), now)
+        self._allowances[reader] = allowance
+        if wait_s is not None:
+            return DeskAnswer(
+                refused=f"{reader} sent more requests than their share; send again in "
+                f"{wait_s:.1f} s",
+                retry_after_s=wait_s,
+            )
         raw = (ask.event or "").encode()
         try:
             event = decode(raw)
