@@ -1,94 +1,25 @@
-"""One secure local stack for the adversarial suite: alice (vision) attacks, bob (nlp) is
-the victim, with a job of his running or waiting and a secret of his team's."""
+"""One secure local stack for the adversarial suite (`tests/security/world.py`)."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
-from contextlib import AsyncExitStack
-from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
-from shared.messaging.jetstream import JetStreamBus
-from tests.e2e.stack import spotrain, stack_env
-from tests.security.attacks import Arena, bus_settings, load_env_file
-
-TEAMS = """
-[teams.vision]
-members = ["alice"]
-[teams.nlp]
-members = ["bob"]
-"""
-BOBS_TEAM_SECRET = "nlp-hf-token-that-alice-must-not-get"  # noqa: S105  # a fake, to look for
-
-
-@dataclass(frozen=True)
-class World:
-    home: Path
-    env: dict[str, str]
-    people: dict[str, dict[str, str]]
-    """Each person's environment (their credentials file), besides the stack's."""
-    victim_job: str
+from tests.security.attacks import Arena
+from tests.security.world import World, arena_of, close_world, open_world
 
 
 @pytest.fixture(scope="package")
 def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
-    root = tmp_path_factory.mktemp("secure")
-    home = root / "stack"
-    (root / "teams.toml").write_text(TEAMS)
-    (root / "secrets" / "nlp").mkdir(parents=True)
-    (root / "secrets" / "nlp" / "hf-token").write_text(BOBS_TEAM_SECRET)
-    env = {
-        **stack_env(home),
-        "SPOTRAIN_SUBMITTER_TEAMS_FILE": str(root / "teams.toml"),
-        "SPOTRAIN_SUBMITTER_SECRETS_DIR": str(root / "secrets"),
-    }
-    up = spotrain(env, "up", "--secure")
-    assert up.returncode == 0, up.stderr + up.stdout
+    opened = open_world(tmp_path_factory.mktemp("secure"))
     try:
-        people = {}
-        for name, team in (("alice", "vision"), ("bob", "nlp")):
-            credentials = root / f"{name}.env"
-            added = spotrain(env, "users", "add", name, "--team", team, "--out", str(credentials))
-            assert added.returncode == 0, added.stderr + added.stdout
-            people[name] = {**env, "SPOTRAIN_CREDENTIALS": str(credentials)}
-        project = root / "project"
-        project.mkdir()
-        (project / "sleep.py").write_text("import time\ntime.sleep(900)\n")
-        victim = "bobs-victim"
-        submitted = spotrain(
-            people["bob"], "submit", "sleep.py", "--workdir", str(project), "--job-id", victim,
-            "--gpus", "0", "--cpus", "1",
-        )  # fmt: skip
-        assert submitted.returncode == 0, submitted.stderr + submitted.stdout
-        yield World(home=home, env=env, people=people, victim_job=victim)
+        yield opened
     finally:
-        spotrain(env, "down")
+        close_world(opened)
 
 
 @pytest.fixture
 async def arena(world: World) -> AsyncIterator[Arena]:
-    url = world.env["SPOTRAIN_NATS_URL"]
-    async with AsyncExitStack() as stack:
-
-        async def connect(env: dict[str, str], name: str) -> JetStreamBus:
-            bus = await JetStreamBus.connect(bus_settings(env, url), name=name)
-            stack.push_async_callback(bus.close)
-            return bus
-
-        people = {
-            name: load_env_file(Path(env["SPOTRAIN_CREDENTIALS"]))
-            for name, env in world.people.items()
-        }
-        ops = load_env_file(world.home / "nats-auth" / "ops.env")
-        yield Arena(
-            home=world.home,
-            stack_env=world.env,
-            alice=await connect(people["alice"], "alice"),
-            bob=await connect(people["bob"], "bob"),
-            ops=await connect(ops, "ops"),
-            dashboard=f"http://127.0.0.1:{world.env['SPOTRAIN_LOCAL_RAY_DASHBOARD_PORT']}",
-            agent_port=int(world.env["SPOTRAIN_LOCAL_RAY_HEAD_PORT_BASE"]) + 2,
-            victim_job=world.victim_job,
-        )
+    async with arena_of(world) as connected:
+        yield connected

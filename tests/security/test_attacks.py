@@ -12,7 +12,7 @@ import pytest
 from shared.jobs import JobState
 from shared.workspace import workspaces_bucket
 from tests.security.attacks import ATTACKS, PREFIX, Arena, Attack
-from tests.security.conftest import BOBS_TEAM_SECRET, World
+from tests.security.world import BOBS_TEAM_SECRET, World
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
