@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import time
 from collections.abc import Awaitable
 from typing import Any, TypeVar
 
@@ -17,10 +18,12 @@ from slack_bolt.adapter.aiohttp import to_aiohttp_response, to_bolt_request
 from slack_bolt.async_app import AsyncApp
 from slack_bolt.context.ack.async_ack import AsyncAck
 from slack_bolt.context.respond.async_respond import AsyncRespond
+from slack_sdk.signature import SignatureVerifier
 from slack_sdk.web.async_client import AsyncWebClient
 
 from shared.slack import handlers
 from shared.slack.handlers import Deps, SlashCommand
+from shared.slack.policy import SeenSignatures
 
 log = structlog.get_logger()
 T = TypeVar("T")
@@ -84,13 +87,26 @@ def build_app(
     return app
 
 
-def web_app(bolt: AsyncApp, path: str) -> web.Application:
-    """aiohttp in front of Bolt: POST on `path` only, small bodies only."""
+def web_app(bolt: AsyncApp, path: str, signing_secret: str) -> web.Application:
+    """aiohttp in front of Bolt: POST on `path` only, small bodies only, each signed
+    request once."""
+    verifier = SignatureVerifier(signing_secret)
+    seen = SeenSignatures(seen={})
 
     async def dispatch(request: web.Request) -> web.Response:
         # Bolt answers a timestamp that is not a number with a 500; it is a forgery, 401.
-        if not _TIMESTAMP.fullmatch(request.headers.get("X-Slack-Request-Timestamp", "")):
+        timestamp = request.headers.get("X-Slack-Request-Timestamp", "")
+        if not _TIMESTAMP.fullmatch(timestamp):
             return web.json_response({"error": "invalid request"}, status=401)
+        body = await request.read()
+        signature = request.headers.get("X-Slack-Signature", "")
+        # Remembered once Slack's signature holds (so no forgery fills the memory), and a
+        # request sent again while it would still hold is refused.
+        if verifier.is_valid(body, timestamp, signature) and not seen.first_time(
+            signature, float(timestamp), time.time()
+        ):
+            log.warning("slack.replayed", timestamp=timestamp)
+            return web.json_response({"error": "this request was taken already"}, status=401)
         bolt_response = await bolt.async_dispatch(await to_bolt_request(request))
         return await to_aiohttp_response(bolt_response)
 

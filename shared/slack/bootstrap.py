@@ -59,7 +59,8 @@ def bootstrap_for(settings: SlackSettings) -> Bootstrap:
             inflight=inflight,
         )
         runner = web.AppRunner(
-            web_app(bolt, settings.path), shutdown_timeout=settings.grace_period_s
+            web_app(bolt, settings.path, settings.signing_secret.get_secret_value()),
+            shutdown_timeout=settings.grace_period_s,
         )
         await runner.setup()
         stack.push_async_callback(runner.cleanup)

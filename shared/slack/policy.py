@@ -187,3 +187,26 @@ def notice_for(
         return Skip(SkipReason.ORIGIN_NOT_OWNER)
     text = replies.job_event(data, record, origin, cost)
     return Post(channel=origin.channel, thread_ts=origin.thread_ts, text=text)
+
+
+SIGNATURE_WINDOW_S = 5 * 60
+"""How long Slack's signature of a request stays good: Bolt refuses an older timestamp."""
+
+
+@dataclass
+class SeenSignatures:
+    """The signatures of the requests taken in the last `SIGNATURE_WINDOW_S` (and a little
+    more, for clocks that differ): a request sent again within its validity is refused,
+    so a captured request makes no second job."""
+
+    seen: dict[str, float]
+
+    def first_time(self, signature: str, timestamp: float, now: float) -> bool:
+        """Whether this signed request is new; it is remembered from now on."""
+        horizon = now - 2 * SIGNATURE_WINDOW_S
+        for old in [s for s, at in self.seen.items() if at < horizon]:
+            del self.seen[old]
+        if signature in self.seen:
+            return False
+        self.seen[signature] = timestamp
+        return True

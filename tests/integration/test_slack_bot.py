@@ -284,6 +284,29 @@ async def test_a_request_not_signed_by_slack_just_now_gets_401_and_changes_nothi
     assert bot.api.calls == [], "not even Bolt's auth.test: verification comes first"
 
 
+async def test_a_signed_request_sent_again_within_its_window_makes_no_second_job(
+    bot: Bot,
+) -> None:
+    """A captured request, replayed while its signature still holds: refused, one job."""
+    body = command_form(bot, "submit digits --gpus 1")
+    timestamp = str(int(time.time()))
+    headers = {
+        "X-Slack-Request-Timestamp": timestamp,
+        "X-Slack-Signature": signature(body, timestamp),
+    }
+    first, _ = await post(bot, body, headers)
+    assert first == 200
+    await the_published_request(bot)
+    again, answer = await post(bot, body, headers)
+    assert again == 401, answer
+    await asyncio.sleep(0.5)
+    assert len(await stored(bot.bus, JobRequested)) == 1
+    # The same command signed anew (a second /train) is a second request, as it should be.
+    later = str(int(time.time()) + 1)
+    fresh = {"X-Slack-Request-Timestamp": later, "X-Slack-Signature": signature(body, later)}
+    assert (await post(bot, body, fresh))[0] == 200
+
+
 async def test_status_and_cancel_of_another_owners_job_are_refused(bot: Bot) -> None:
     """Alice cannot see or stop Bob's job; Bob can."""
     await put_record(bot.bus, request_of("bobs-job", "bob"), JobState.RUNNING)

@@ -35,6 +35,7 @@ from shared.slack.policy import (
     Post,
     Refusal,
     Refused,
+    SeenSignatures,
     Skip,
     SkipReason,
     may_cancel,
@@ -363,3 +364,13 @@ def test_the_deciding_modules_are_pure(name: str) -> None:
             assert module.split(".")[0] not in FORBIDDEN, f"{name} imports {module}"
         if isinstance(node, ast.Attribute):
             assert node.attr not in ("now", "utcnow", "today"), f"{name} reads the clock"
+
+
+def test_a_signature_is_taken_once_within_its_window_and_then_forgotten() -> None:
+    seen = SeenSignatures(seen={})
+    assert seen.first_time("v0=a", 1000.0, now=1000.0)
+    assert not seen.first_time("v0=a", 1000.0, now=1200.0), "replayed within 5 minutes"
+    assert seen.first_time("v0=b", 1200.0, now=1200.0)
+    # Long after its window (Bolt refuses its timestamp by then), it is no longer kept.
+    assert seen.first_time("v0=c", 2000.0, now=2000.0)
+    assert "v0=a" not in seen.seen
