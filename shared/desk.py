@@ -27,6 +27,7 @@ from shared.events import Event
 from shared.events.data import JobAccepted, JobFailed, JobRejected, JobRequested
 from shared.events.types import Frozen, JobId, ObjectRef
 from shared.jobs import JobRecord
+from shared.teams import TeamHolds, TeamsStatus
 from shared.workspace import DEFAULT_LIMIT_BYTES
 
 ANSWER_LIMIT_BYTES = 512 * 1024
@@ -272,7 +273,7 @@ def hidden(event: Event[Any]) -> Event[Any]:
             update |= {"detail": "hidden"}
         case _:
             pass
-    return event.model_copy(
+    shown = event.model_copy(
         update={
             "data": data.model_copy(update=update),
             "id": f"hidden-{hashlib.sha256(event.id.encode()).hexdigest()[:32]}",
@@ -280,3 +281,24 @@ def hidden(event: Event[Any]) -> Event[Any]:
             "subject": alias(job_id),
         }
     )
+    # The job's id is in more than its `job_id` (an attempt's Ray submission id, a
+    # checkpoint's URI, a message): nowhere in what is shown.
+    text = shown.model_dump_json().replace(job_id, alias(job_id))
+    return type(shown).model_validate_json(text)
+
+
+def teams_status_for(status: TeamsStatus, reader: str) -> TeamsStatus:
+    """The teams' status as `reader` may see it: every team's use, as `spotrain teams`
+    shows it, but the holds of jobs outside the reader's team under their alias, owned
+    by `others`."""
+    team = status.teams.team_of(reader)
+    mine = team.name if team is not None else None
+    holds = {}
+    for job_id, hold in status.holds.holds.items():
+        if hold.team == mine or hold.owner == reader:
+            holds[job_id] = hold
+        else:
+            holds[alias(job_id)] = hold.model_copy(
+                update={"job_id": alias(job_id), "owner": HIDDEN_OWNER}
+            )
+    return status.model_copy(update={"holds": TeamHolds(holds=holds)})

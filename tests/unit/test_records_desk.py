@@ -30,11 +30,13 @@ from shared.desk import (
     person_inbox_prefix,
     replies_to_asker,
     take_request,
+    teams_status_for,
 )
 from shared.events import Event, decode, encode, new_event, subject_matches
-from shared.events.data import JobAccepted, JobFailed, JobRequested, JobStarted
+from shared.events.data import JobAccepted, JobFailed, JobRequested, JobResumed, JobStarted
+from shared.events.types import CapacityClass
 from shared.jobs import JobRecord, JobState
-from shared.teams import Teams, parse_teams
+from shared.teams import TeamHold, TeamHolds, Teams, TeamsStatus, parse_teams
 from shared.workspace import DEFAULT_LIMIT_BYTES
 
 NOW = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)
@@ -236,3 +238,43 @@ def test_no_person_sends_more_than_the_burst_and_the_rate_allow(gaps: list[float
         allowance, wait_s = take_request(allowance, now)
         sent += wait_s is None
         assert sent <= REQUESTS_BURST + now * REQUESTS_PER_S + 1e-9
+
+
+def test_a_hidden_jobs_id_is_nowhere_in_its_events() -> None:
+    """Not in an attempt's Ray submission id, nor in a checkpoint's URI."""
+    started = JobStarted(job_id="bob-secret-run", attempt=2, submission_id="bob-secret-run-2")
+    resumed = JobResumed(
+        job_id="bob-secret-run",
+        attempt=3,
+        from_checkpoint="gs://b/checkpoints/bob-secret-run/step-10",
+        from_step=10,
+        capacity=CapacityClass.SPOT,
+    )
+    for data in (started, resumed):
+        event = new_event(data, source="submitter", time=NOW, subject="bob-secret-run")
+        text = encode(hidden(event)).decode()
+        assert "bob-secret-run" not in text, text
+        assert alias("bob-secret-run") in text
+
+
+def test_the_teams_status_shows_other_teams_holds_under_an_alias() -> None:
+    hold: dict[str, Any] = {
+        "capacity": CapacityClass.SPOT,
+        "gpus": 2,
+        "priority": 5,
+        "borrowed": False,
+        "since": NOW,
+    }
+    holds = TeamHolds(
+        holds={
+            "a-1": TeamHold(job_id="a-1", team="vision", owner="alice", **hold),
+            "c-1": TeamHold(job_id="c-1", team="nlp", owner="carol", **hold),
+        }
+    )
+    status = TeamsStatus(teams=TEAMS, holds=holds, at=NOW)
+    seen = teams_status_for(status, "bob")  # vision, as alice
+    assert seen.holds.holds["a-1"].owner == "alice"
+    [other] = [h for key, h in seen.holds.holds.items() if key != "a-1"]
+    assert (other.job_id, other.owner, other.gpus) == (alias("c-1"), HIDDEN_OWNER, 2)
+    assert "carol" not in seen.holds.model_dump_json()
+    assert "c-1" not in seen.holds.model_dump_json()

@@ -37,6 +37,7 @@ from shared.desk import (
     person_event_id,
     replies_to_asker,
     take_request,
+    teams_status_for,
 )
 from shared.events import (
     InvalidEventError,
@@ -57,7 +58,7 @@ from shared.messaging.ports import StoredMessage
 from shared.pool_knowledge import KNOWLEDGE_KEY
 from shared.pools import SIGHTINGS_KEY, STATUS_KEY, pools_bucket
 from shared.teams import STATUS_KEY as TEAMS_STATUS_KEY
-from shared.teams import Teams, teams_bucket
+from shared.teams import Teams, TeamsStatus, teams_bucket
 
 log = structlog.get_logger()
 
@@ -187,8 +188,7 @@ class RecordsDesk:
                 keys = (STATUS_KEY, KNOWLEDGE_KEY, SIGHTINGS_KEY)
                 return DeskAnswer(entries=await self._entries(pools_bucket(self._bus.prefix), keys))
             case Ask.TEAMS:
-                bucket = teams_bucket(self._bus.prefix)
-                return DeskAnswer(entries=await self._entries(bucket, (TEAMS_STATUS_KEY,)))
+                return await self._teams_status(reader)
             case Ask.UPLOAD:
                 if ask.part is None:
                     return DeskAnswer(refused="an upload ask carries a part")
@@ -244,6 +244,14 @@ class RecordsDesk:
             await self._bus.client.publish(
                 dlq_subject(DESK, self._bus.prefix), raw, headers=headers
             )
+
+    async def _teams_status(self, reader: str) -> DeskAnswer:
+        bucket = teams_bucket(self._bus.prefix)
+        entries = await self._entries(bucket, (TEAMS_STATUS_KEY,))
+        if (raw := entries.get(TEAMS_STATUS_KEY)) is not None:
+            status = TeamsStatus.model_validate_json(raw)
+            entries[TEAMS_STATUS_KEY] = teams_status_for(status, reader).model_dump_json()
+        return DeskAnswer(entries=entries)
 
     async def _entries(self, bucket: str, keys: tuple[str, ...]) -> dict[str, str]:
         try:
@@ -312,19 +320,18 @@ class RecordsDesk:
         )
         stored = sorted((m for batch in batches for m in batch), key=lambda m: m.seq)
 
-        def shown(message: StoredMessage) -> StoredMessage:
+        def shown(message: StoredMessage) -> StoredMessage | None:
             try:
                 event = decode(message.data)
             except ValueError:
-                return message
+                return None  # nothing the ledger reads, and nothing to show as it is
             job_id = getattr(event.data, "job_id", None)
             if job_id is None or job_id in readable:
                 return message  # a node's event, or a job the reader may see
             return StoredMessage(message.seq, message.subject, encode(hidden(event)), {})
 
-        return _events_answer(
-            [shown(m) for m in stored], scanned_to=_last_seq(stored, ask.after_seq)
-        )
+        answered = [m for m in map(shown, stored) if m is not None]
+        return _events_answer(answered, scanned_to=_last_seq(stored, ask.after_seq))
 
 
 def _job_of(message: StoredMessage) -> str | None:
