@@ -495,7 +495,9 @@ TABLE: tuple[RoleSpec, ...] = (
             Consumes("slack"),
             Publishes(CLIENT_REQUESTS),
             ReadsBucket(Bucket.JOBS),
+            ReadsBucket(Bucket.REFUSALS, listing=False),
             ReadsBucket(Bucket.POOLS, listing=False),
+            ReadsHistory(("job", "node")),  # the ledger, for `/train cost`
         ),
     ),
     RoleSpec(

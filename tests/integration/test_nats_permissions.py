@@ -236,6 +236,11 @@ async def test_the_slack_bot_requests_reads_and_follows_its_jobs(platform: Platf
     client = SpotrainClient(slack, SystemClock())
     assert await client.jobs() == []
     assert await client.pools() is None  # no pools bucket yet
+    # What its handlers read besides: a job that is not there (nor among the refusals),
+    # and the ledger (`/train cost`), from the job and node events.
+    assert await client.job("no-such-job") is None
+    ledger = await client.costs()
+    assert ledger.attribution.charges == ()
 
     submitter = await platform.bus(Role.SUBMITTER)
     await submitter.publish(_event(JobAccepted(job_id="job-s", owner="bob"), "job-s"))
