@@ -49,6 +49,10 @@ class ProcessRecord:
 # long-lived parent, such as the scaler's local provider, stops them.
 _children: dict[int, subprocess.Popen[bytes]] = {}
 
+STACK_UMASK = 0o077
+"""What the stack's processes create is their user's alone: Ray's logs (its runtime-env
+agent's hold jobs' environments, secrets included), the NATS store, checkpoints."""
+
 
 def spawn(  # what a process is started with
     name: str,
@@ -78,6 +82,7 @@ def spawn(  # what a process is started with
                 env=dict(env),
                 cwd=cwd,
                 start_new_session=True,
+                umask=STACK_UMASK,
             )
             _children[process.pid] = process
             pid = process.pid
@@ -111,6 +116,7 @@ def _launch_detached(
         cwd=cwd,
         check=True,
         timeout=30,
+        umask=STACK_UMASK,  # the node it starts inherits it
     )
     return int(launcher.stdout)
 

@@ -326,6 +326,10 @@ def down(settings: LocalStackSettings, progress: Progress = lambda _: None) -> l
             stop_session(record.pid, grace_s=1)
         path.unlink(missing_ok=True)
     (settings.run_dir / MARKET_FILE).unlink(missing_ok=True)
+    if settings.is_secure:
+        # Ray's session: its logs hold what jobs were given (their environments, secrets
+        # included); a secure stack keeps none of it once it is down.
+        shutil.rmtree(settings.ray_temp_dir, ignore_errors=True)
     return stopped
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from shared.localstack.settings import LocalStackSettings
 from tests.e2e.stack import spotrain, stack_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -25,6 +26,9 @@ def secure_stack(tmp_path: Path) -> Iterator[dict[str, str]]:
     assert "secure bus" in up.stdout
     yield env
     spotrain(env, "down")
+    # Ray's session, logs and all (what jobs were given), is not kept once it is down.
+    ray_temp = LocalStackSettings(home=Path(env["SPOTRAIN_LOCAL_HOME"])).ray_temp_dir
+    assert not ray_temp.exists(), ray_temp
 
 
 def test_a_job_runs_on_a_secure_stack_and_an_anonymous_client_is_refused(

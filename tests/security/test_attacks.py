@@ -10,6 +10,7 @@ import urllib.request
 import pytest
 
 from shared.jobs import JobState
+from shared.localstack.settings import LocalStackSettings
 from shared.workspace import workspaces_bucket
 from tests.security.attacks import ATTACKS, PREFIX, Arena, Attack
 from tests.security.world import BOBS_TEAM_SECRET, World
@@ -68,3 +69,14 @@ def test_the_ray_api_answers_its_token(world: World) -> None:
     with urllib.request.urlopen(request, timeout=5) as response:  # noqa: S310
         assert response.status == 200
         assert isinstance(json.load(response), list)
+
+
+def test_rays_logs_are_the_stacks_users_alone(world: World) -> None:
+    """Ray's runtime-env agent logs what jobs are given (their environments, secrets
+    included): on a secure stack no file of Ray's session is readable by others."""
+    settings = LocalStackSettings(home=world.home)
+    logs = settings.ray_temp_dir / "session_latest" / "logs"
+    files = [p for p in logs.rglob("*") if p.is_file() and not p.is_symlink()]
+    assert files, f"no Ray logs under {logs}"
+    readable = [str(p) for p in files if p.stat().st_mode & 0o077]
+    assert readable == []
