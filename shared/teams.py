@@ -256,3 +256,19 @@ def team_uses(status: TeamsStatus) -> list[TeamUse]:
                 )
             )
     return rows
+
+
+def membership_refusal(teams: Teams | None, person: str, team: str, *, admin: bool) -> str | None:
+    """Why a credential for `person` in `team` would disagree with the teams file, the one
+    source of membership the submitter reads; None when it agrees (or there is no file,
+    and so no teams)."""
+    if teams is None:
+        return None
+    found = teams.team_of(person)
+    if found is None:
+        return f"the teams file puts {person} in no team; add them to team {team} there first"
+    if found.name != team:
+        return f"the teams file puts {person} in team {found.name}, not {team}"
+    if admin and person not in found.admins:
+        return f"the teams file does not make {person} an admin of {team}; make them one there"
+    return None

@@ -5,6 +5,7 @@ that name only, and the services take a request only from its sender's own subje
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from pathlib import Path
 from typing import Annotated
@@ -17,6 +18,7 @@ from shared.localstack.settings import LocalStackSettings
 from shared.messaging.jetstream import BusAuthenticationError, BusUnavailableError, JetStreamBus
 from shared.messaging.settings import CREDENTIALS_VARIABLE, BusSettings
 from shared.natsauth.files import add_person, person_env, write_env_file
+from shared.teams import Teams, load_teams, membership_refusal
 
 users_app = typer.Typer(help="People with credentials of their own (a secure stack).")
 
@@ -40,6 +42,10 @@ def add(
         raise CliError("people have credentials on a secure stack only: spotrain up --secure", 2)
     if out_file.is_dir():
         raise CliError(f"--out {out_file} is a folder; name the file to write", 2)
+    teams = _submitters_teams()
+    refusal = membership_refusal(teams, name, team, admin=admin)
+    if refusal is not None:
+        raise CliError(f"spotrain users add: {refusal}", 2)
     try:
         person = add_person(settings.nats_auth_dir, name, team=team, admin=admin)
     except ValueError as error:
@@ -56,6 +62,26 @@ def add(
         f"export {CREDENTIALS_VARIABLE}={out_file}",
         soft_wrap=True,
     )
+    if teams is None:
+        err.print(
+            f"no teams file ({TEAMS_FILE_VARIABLE}): the submitter groups nobody, so {name} "
+            "reads their own jobs only, and --team and --admin change nothing yet"
+        )
+
+
+TEAMS_FILE_VARIABLE = "SPOTRAIN_SUBMITTER_TEAMS_FILE"
+"""The submitter's teams file, as the stack's submitter reads it (the one source of
+membership: `users add` agrees with it or refuses)."""
+
+
+def _submitters_teams() -> Teams | None:
+    named = os.environ.get(TEAMS_FILE_VARIABLE) or os.environ.get("SPOTRAIN_TEAMS_FILE")
+    if not named:
+        return None
+    try:
+        return load_teams(Path(named))
+    except (OSError, ValueError) as error:
+        raise CliError(f"spotrain users add: the teams file {named}: {error}", 2) from None
 
 
 async def _accepted(settings: LocalStackSettings, env: dict[str, str], wait_s: float = 10) -> bool:

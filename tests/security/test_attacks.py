@@ -6,12 +6,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import urllib.request
+from pathlib import Path
 
 import pytest
 
 from shared.jobs import JobState
 from shared.localstack.settings import LocalStackSettings
 from shared.workspace import workspaces_bucket
+from tests.e2e.stack import spotrain
 from tests.security.attacks import ATTACKS, PREFIX, Arena, Attack
 from tests.security.world import BOBS_TEAM_SECRET, World
 
@@ -80,3 +82,23 @@ def test_rays_logs_are_the_stacks_users_alone(world: World) -> None:
     assert files, f"no Ray logs under {logs}"
     readable = [str(p) for p in files if p.stat().st_mode & 0o077]
     assert readable == []
+
+
+@pytest.mark.parametrize(
+    ("name", "team", "says"),
+    [
+        pytest.param("carol", "vision", "puts carol in no team", id="not-in-the-teams-file"),
+        pytest.param("alice2", "nlp", "puts alice2 in no team", id="a-stranger"),
+        pytest.param("bob", "vision", "puts bob in team nlp, not vision", id="another-team"),
+    ],
+)
+def test_a_credential_agrees_with_the_teams_file_or_is_refused(
+    world: World, tmp_path: Path, name: str, team: str, says: str
+) -> None:
+    out = tmp_path / f"{name}.env"
+    added = spotrain(world.env, "users", "add", name, "--team", team, "--out", str(out))
+    assert added.returncode == 2, added.stdout
+    [line] = added.stderr.strip().splitlines()
+    assert line.startswith("spotrain: error: spotrain users add: the teams file ")
+    assert says in line
+    assert not out.exists()

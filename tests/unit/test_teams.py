@@ -8,7 +8,14 @@ import pytest
 
 from services.submitter.adapters.teams_file import TeamsFile
 from shared.events.types import CapacityClass
-from shared.teams import ClassQuota, TeamsError, load_teams, parse_teams
+from shared.teams import (
+    ClassQuota,
+    Teams,
+    TeamsError,
+    load_teams,
+    membership_refusal,
+    parse_teams,
+)
 
 GOOD = """
 [teams.vision]
@@ -132,3 +139,30 @@ def test_a_submitter_does_not_start_on_a_bad_teams_file(tmp_path: Path) -> None:
     path.write_text("[teams.a.quota.spot]\nguaranteed_gpus = -1\n")
     with pytest.raises(TeamsError, match="guaranteed_gpus"):
         TeamsFile(path)
+
+
+MEMBERS = parse_teams(
+    """
+[teams.vision]
+members = ["alice", "vera"]
+admins = ["vera"]
+"""
+)
+
+
+@pytest.mark.parametrize(
+    ("teams", "person", "team", "admin", "says"),
+    [
+        pytest.param(MEMBERS, "alice", "vision", False, None, id="as-the-file-says"),
+        pytest.param(MEMBERS, "vera", "vision", True, None, id="an-admin-as-the-file-says"),
+        pytest.param(MEMBERS, "alice", "nlp", False, "in team vision, not nlp", id="another-team"),
+        pytest.param(MEMBERS, "carol", "vision", False, "in no team", id="not-in-the-file"),
+        pytest.param(MEMBERS, "alice", "vision", True, "not make alice an admin", id="not-admin"),
+        pytest.param(None, "carol", "vision", True, None, id="no-teams-file"),
+    ],
+)
+def test_a_credentials_team_agrees_with_the_teams_file(
+    teams: Teams | None, person: str, team: str, admin: bool, says: str | None
+) -> None:
+    refusal = membership_refusal(teams, person, team, admin=admin)
+    assert (refusal is None) if says is None else (says in (refusal or "")), refusal
