@@ -56,12 +56,25 @@ class NodePorts:
         ]
 
 
+_PLATFORM_KEYS = ("SPOTRAIN_NATS_", "SPOTRAIN_CREDENTIALS", "SPOTRAIN_SLACK_")
+"""What names a platform credential: a Ray node's processes (and every job on it) inherit
+its environment, so these never reach one."""
+
+
 def node_env(env: Mapping[str, str]) -> dict[str, str]:
-    """The environment of a Ray node: this Python's bin folder first on PATH, so a job's
-    `python train.py` runs with the interpreter (and packages) the platform runs with."""
+    """The environment of a Ray node: none of the platform's credentials (the scaler that
+    starts a node holds its own NATS password), and this Python's bin folder first on
+    PATH, so a job's `python train.py` runs with the interpreter (and packages) the
+    platform runs with."""
     bin_dir = str(Path(sys.executable).parent)
     path = env.get("PATH", "")
-    return {**env, "PATH": f"{bin_dir}{os.pathsep}{path}" if path else bin_dir}
+    kept = {
+        key: value
+        for key, value in env.items()
+        if not key.startswith(_PLATFORM_KEYS)
+        and not (key.startswith("SPOTRAIN_") and key.endswith(("PASSWORD", "TOKEN", "SECRET")))
+    }
+    return {**kept, "PATH": f"{bin_dir}{os.pathsep}{path}" if path else bin_dir}
 
 
 def ray_binary() -> str:

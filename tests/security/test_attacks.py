@@ -102,3 +102,26 @@ def test_a_credential_agrees_with_the_teams_file_or_is_refused(
     assert line.startswith("spotrain: error: spotrain users add: the teams file ")
     assert says in line
     assert not out.exists()
+
+
+def test_job_code_finds_no_platform_credential_in_its_environment(
+    world: World, tmp_path: Path
+) -> None:
+    """A job of bob's looks for credentials where it runs: its environment holds none of
+    the platform's (the scaler that started its node holds its own NATS password)."""
+    project = tmp_path / "snoop"
+    project.mkdir()
+    (project / "snoop.py").write_text(
+        "import os\n"
+        "keys = ('PASSWORD', 'NATS_USER', 'NATS_CREDS', 'CREDENTIALS', 'BOT_TOKEN')\n"
+        "found = sorted(k for k in os.environ if any(key in k for key in keys))\n"
+        "print('found:', ','.join(found) or 'nothing')\n"
+    )
+    submitted = spotrain(
+        world.people["bob"], "submit", "snoop.py", "--workdir", str(project),
+        "--job-id", "bob-snoop", "--gpus", "0", "--cpus", "1", "--wait", timeout_s=240,
+    )  # fmt: skip
+    assert submitted.returncode == 0, submitted.stderr + submitted.stdout
+    logs = spotrain(world.people["bob"], "logs", "bob-snoop")
+    assert logs.returncode == 0, logs.stderr
+    assert "found: nothing" in logs.stdout, logs.stdout
