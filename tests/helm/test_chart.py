@@ -722,6 +722,27 @@ def test_rays_token_goes_to_ray_and_the_services_that_drive_it_only(
     assert holders == {"submitter", "scaler", "checkpointer", "ray-head", "ray-worker"}
 
 
+def test_each_teams_secrets_are_its_own_folder(helm: Helm) -> None:
+    """A job reads its own team's folder of secrets only: each team's Secret is mounted at
+    secrets/<team>, where the submitter looks for that team's jobs."""
+    rendered = helm.render(
+        sets={
+            **REQUIRED_SETS,
+            "submitter.teamSecrets.vision": "spotrain-secrets-vision",
+            "submitter.teamSecrets.nlp": "spotrain-secrets-nlp",
+        }
+    )
+    pod = named(rendered, "Deployment", "spotrain-submitter")["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert env_of(container)["SPOTRAIN_SUBMITTER_SECRETS_DIR"] == "/var/run/spotrain/secrets"
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    secrets = {v["name"]: v["secret"]["secretName"] for v in pod["volumes"] if "secret" in v}
+    mounted = {mounts[name]: secret for name, secret in secrets.items() if name in mounts}
+    assert mounted["/var/run/spotrain/secrets/vision"] == "spotrain-secrets-vision"
+    assert mounted["/var/run/spotrain/secrets/nlp"] == "spotrain-secrets-nlp"
+    assert "/var/run/spotrain/secrets" not in mounted, "no secrets for every team"
+
+
 # -- Workload Identity ---------------------------------------------------------------------
 
 
