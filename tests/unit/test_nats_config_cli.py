@@ -66,3 +66,39 @@ def test_bad_options_are_one_line_errors(tmp_path: Path, args: list[str], messag
     assert message in str(result.exception)
     assert "\n" not in str(result.exception)
     assert not (tmp_path / "nats-server.conf").exists()
+
+
+def test_people_get_credentials_that_may_only_ask(tmp_path: Path) -> None:
+    """For a NATS server of one's own (GKE): the people of the platform, each on a
+    credential of their own that may only ask the desk; a second run keeps them."""
+    out = tmp_path / "nats"
+    args = ["nats-config", "--out", str(out), "--prefix", "acme"]
+    people = ["--person", "alice=vision", "--person", "jane.doe=vision:admin"]
+    result = CliRunner().invoke(_app(), [*args, *people])
+    assert result.exit_code == 0, result.output
+    config = (out / "nats-server.conf").read_text()
+    assert 'user: "jane.doe"' in config
+    assert '"acme_desk.alice"' in config
+    alice = (out / "people" / "alice.env").read_text()
+    assert "SPOTRAIN_NATS_USER=alice" in alice
+    assert "SPOTRAIN_SUBJECT_PREFIX=acme" in alice
+    assert (out / "people" / "alice.env").stat().st_mode & 0o077 == 0
+    password = alice.split("SPOTRAIN_NATS_PASSWORD=")[1].split("\n")[0]
+    again = CliRunner().invoke(_app(), [*args, "--person", "bob=nlp"])
+    assert again.exit_code == 0, again.output
+    assert password in (out / "people" / "alice.env").read_text(), "alice keeps her password"
+    assert sorted(p.name for p in (out / "people").iterdir()) == [
+        "alice.env",
+        "bob.env",
+        "jane.doe.env",
+    ]
+
+
+@pytest.mark.parametrize("person", ["alice", "alice=", "=vision", "alice=vision:root", "cli=x"])
+def test_a_bad_person_is_a_one_line_error(tmp_path: Path, person: str) -> None:
+    result = CliRunner().invoke(
+        _app(), ["nats-config", "--out", str(tmp_path / "n"), "--person", person]
+    )
+    assert isinstance(result.exception, CliError), result.output
+    assert result.exception.exit_code == 2
+    assert "\n" not in str(result.exception)
