@@ -26,6 +26,7 @@ from shared.clock import Clock, SystemClock
 from shared.cost import COST_EVENTS, Ledger, PoolPrice, ledger
 from shared.desk import (
     MAX_WAIT_S,
+    MOST_ASKS_PER_PERSON,
     PART_BYTES,
     Ask,
     DeskAnswer,
@@ -239,7 +240,8 @@ class SpotrainClient:
         answers: dict[str, Event[JobAccepted] | Event[JobRejected] | None] = dict.fromkeys(wanted)
         if self._person is not None:
             # A person's credential asks the desk for each answer: a few at a time.
-            limit = asyncio.Semaphore(16)
+            # Half the desk's share of asks at once: a `watch` beside it is still answered.
+            limit = asyncio.Semaphore(MOST_ASKS_PER_PERSON // 2)
 
             async def one(request: JobRequested) -> None:
                 async with limit:

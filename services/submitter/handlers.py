@@ -338,11 +338,16 @@ async def _record_progress(
     if (attempt := record.current) is not None and policy.wants_worker_nodes(record, report):
         nodes = await deps.ray.worker_nodes(attempt.submission_id)
         deps.worker_checks[attempt.submission_id] = deps.clock.now()  # this interval's look
-    progressed = policy.on_progress(record, report, deps.clock.now(), worker_nodes=nodes)
-    new_revision = await _apply(progressed, revision, deps)
-    if new_revision is None:
+    now = deps.clock.now()
+    applied = await _apply_seen(
+        record,
+        revision,
+        lambda current: policy.on_progress(current, report, now, worker_nodes=nodes),
+        deps,
+    )
+    if applied is None:
         return None
-    return await _check_workers(progressed.record, new_revision, deps)
+    return await _check_workers(*applied, deps)
 
 
 async def _check_workers(
@@ -360,21 +365,27 @@ async def _check_workers(
     deps.worker_checks[attempt.submission_id] = now
     alive = await deps.ray.worker_nodes(attempt.submission_id)
     waiting = await deps.ray.waits_for_room(attempt.submission_id) if alive == () else None
-    transition = policy.on_workers_seen(
-        record,
-        alive,
-        now,
-        fallback_after_s=deps.short_of_workers_fallback_s,
-        waits_for_room=waiting,
-    )
-    new_revision = await _apply(transition, revision, deps)
-    if new_revision is None:
+    seen: list[Transition] = []
+
+    def decide(current: JobRecord) -> Transition:
+        transition = policy.on_workers_seen(
+            current,
+            alive,
+            now,
+            fallback_after_s=deps.short_of_workers_fallback_s,
+            waits_for_room=waiting,
+        )
+        seen.append(transition)
+        return transition
+
+    applied = await _apply_seen(record, revision, decide, deps)
+    if applied is None:
         return None
-    if transition.reason is Reason.NODE_LOST:
+    if seen[-1].reason is Reason.NODE_LOST:
         log.info("job.short_of_workers", alive=len(alive or ()), min=record.request.num_workers)
         deps.worker_checks.pop(attempt.submission_id, None)
         await deps.ray.stop(attempt.submission_id)
-    return transition.record, new_revision
+    return applied
 
 
 async def _admit(event: Event[JobRequested], deps: Deps) -> tuple[JobRecord, Revision]:
@@ -666,6 +677,32 @@ async def _submit(record: JobRecord, attempt: Attempt, deps: Deps) -> None:
 def _checkpoint_uri(record: JobRecord, deps: Deps) -> str:
     # Records written before the record carried its URI fall back to the root's layout.
     return record.checkpoint_uri or policy.checkpoint_uri(deps.checkpoint_root, record.job_id)
+
+
+async def _apply_seen(
+    record: JobRecord,
+    revision: Revision,
+    decide: Callable[[JobRecord], Transition],
+    deps: Deps,
+    *,
+    tries: int = 3,
+) -> tuple[JobRecord, Revision] | None:
+    """What was seen of a running attempt (a report, where Ray has its workers), decided
+    and applied; when another writer moved the record on first, decided again on the
+    fresh record from the same sighting. Its facts are published before the record is
+    written: decided again, they are the same facts (the bus keeps one), and the record
+    says them. Left to the next pass, the sighting is gone by then (a group already grown
+    back), and the record would never say what was published (a shrink)."""
+    for _ in range(tries):
+        transition = decide(record)
+        new_revision = await _apply(transition, revision, deps)
+        if new_revision is not None:
+            return transition.record, new_revision
+        found = await deps.store.get(record.job_id)
+        if found is None:
+            return None
+        record, revision = found
+    return None
 
 
 async def _apply(transition: Transition, revision: Revision, deps: Deps) -> Revision | None:

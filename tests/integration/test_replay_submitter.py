@@ -20,7 +20,7 @@ from services.submitter.handlers import SERVICE, SUBSCRIPTIONS, Deps
 from services.submitter.policy import Quotas
 from shared.events import Event, EventData, decode, subject_for
 from shared.events.data import JobAccepted, JobQueued, JobRejected
-from shared.jobs import jobs_bucket
+from shared.jobs import jobs_bucket, refusals_bucket
 from shared.localstack.ports import free_port
 from shared.messaging import BusSettings, Subscription, bind_routes
 from shared.messaging.jetstream import JetStreamBus
@@ -146,7 +146,9 @@ async def test_the_submitter_service_takes_a_replay_and_answers_once(
         since = await instant(jetstream_bus)
         await jetstream_bus.publish(job_requested("job-big", worker={"gpus": 16}))
         await eventually(lambda: _metric(port, handled) == 1.0, timeout_s=30)
-        kv = await jetstream_bus.client.jetstream().key_value(jobs_bucket(jetstream_bus.prefix))
+        # Refused, its record is among the refusals, not the jobs.
+        refusals = refusals_bucket(jobs_bucket(jetstream_bus.prefix))
+        kv = await jetstream_bus.client.jetstream().key_value(refusals)
         revision = (await kv.get("job-big")).revision
 
         result = await asyncio.to_thread(

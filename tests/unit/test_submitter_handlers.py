@@ -22,6 +22,7 @@ from services.submitter.handlers import (
 )
 from services.submitter.model import RayJobState
 from services.submitter.policy import Quotas
+from services.submitter.ports import Revision, StaleRevisionError
 from shared.checkpoints import ProgressReport
 from shared.events import decode, new_event
 from shared.events.data import (
@@ -32,6 +33,7 @@ from shared.events.data import (
     RejectionReason,
 )
 from shared.events.types import CapacityClass
+from shared.jobs import JobRecord
 from shared.messaging import Unhandleable
 from shared.messaging.memory import InMemoryBus
 from tests.events import NOW, job_placed, job_requested
@@ -407,6 +409,56 @@ async def test_an_elastic_attempt_says_which_nodes_hold_its_workers_when_its_gro
     ]
     # Ray was asked at the first count and at the restart, not at each step between.
     assert ray(deps).worker_lookups == ["job-w-1", "job-w-1"]
+
+
+class LosesOneRace(InMemoryJobStore):
+    """A job store where another writer moves a record on just before one update."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.race_next = False
+
+    async def update(self, record: JobRecord, revision: Revision) -> Revision:
+        if self.race_next:
+            self.race_next = False
+            current, _ = self.records[record.job_id]
+            self.records[record.job_id] = (current, self._next())  # the other writer's
+            raise StaleRevisionError(record.job_id)
+        return await super().update(record, revision)
+
+
+async def test_a_resize_published_is_recorded_though_another_writer_came_first(
+    deps: Deps,
+) -> None:
+    """The shrink is published, then the record's write loses a race: decided again on
+    the fresh record, it is written. Else the group back on 4 would read as 4 -> 4."""
+    store = LosesOneRace()
+    deps = replace(deps, store=store, quotas=Quotas(max_gpus_per_job=8, max_gpus_per_owner=8))
+    await placed(deps, job_requested("job-r", num_workers=2, max_workers=4))
+    ray(deps).set("job-r-1", RayJobState.RUNNING)
+    assert isinstance(deps.progress, FakeProgress)
+    uri = "file:///checkpoints/job-r"
+    story: list[tuple[int, int, tuple[str, ...], bool]] = [
+        (10, 4, ("a", "a", "b", "b"), False),
+        (9, 2, ("b", "b"), True),  # a went; the write of the shrink loses a race
+        (12, 4, ("b", "b", "c", "c"), False),
+    ]
+    for step, workers, nodes, race in story:
+        store.race_next = race
+        ray(deps).workers["job-r-1"] = nodes
+        deps.progress.reports[uri] = ProgressReport(
+            job_id="job-r", attempt=1, step=step, metrics={}, updated_at=NOW, workers=workers
+        )
+        await track_attempts(deps)
+    resized = [data for kind, data in published(deps) if kind == "resized"]
+    assert [(r.previous, r.workers, r.reason.value) for r in resized] == [
+        (None, 4, "counted"),
+        (4, 2, "shrank"),
+        (2, 4, "grew"),
+    ]
+    record, _ = store.records["job-r"]
+    assert record.current is not None
+    assert record.current.worker_nodes == ("b", "b", "c", "c")
 
 
 async def test_an_elastic_attempt_that_cannot_get_its_min_workers_goes_on_as_a_new_attempt(

@@ -126,7 +126,8 @@ class RecordsDesk:
         if self._in_flight.get(reader, 0) >= MOST_ASKS_PER_PERSON:
             refused = DeskAnswer(
                 refused=f"{MOST_ASKS_PER_PERSON} asks of yours are being answered; ask again"
-                " once they are"
+                " once they are",
+                retry_after_s=1.0,
             )
             await self._respond(msg, refused)
             return
