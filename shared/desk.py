@@ -23,10 +23,27 @@ from typing import Annotated, Any, TypeVar
 
 from pydantic import Field, StringConstraints
 
-from shared.events import Event
-from shared.events.data import JobAccepted, JobFailed, JobRejected, JobRequested
+from shared.events import (
+    Event,
+    InvalidEventError,
+    InvalidReason,
+    decode,
+    subject_for,
+    subject_of,
+)
+from shared.events.data import (
+    JobAccepted,
+    JobCancelRequested,
+    JobCheckpointed,
+    JobFailed,
+    JobRejected,
+    JobRequested,
+    JobResumed,
+    JobStarted,
+)
 from shared.events.types import Frozen, JobId, ObjectRef
 from shared.jobs import JobRecord
+from shared.messaging.delivery import DeadLetterReason
 from shared.teams import TeamHolds, TeamsStatus
 from shared.workspace import DEFAULT_LIMIT_BYTES
 
@@ -271,9 +288,19 @@ def hidden(event: Event[Any]) -> Event[Any]:
             update |= {"message": "hidden"}
         case JobRejected():
             update |= {"detail": "hidden"}
+        # The job's id is in more than its `job_id`: an attempt's Ray submission id, a
+        # checkpoint's URI; a cancel names who asked.
+        case JobStarted():
+            update |= {"submission_id": alias(job_id) + data.submission_id.removeprefix(job_id)}
+        case JobResumed():
+            update |= {"from_checkpoint": None}
+        case JobCheckpointed():
+            update |= {"uri": f"hidden://{alias(job_id)}"}
+        case JobCancelRequested():
+            update |= {"requested_by": HIDDEN_OWNER}
         case _:
             pass
-    shown = event.model_copy(
+    return event.model_copy(
         update={
             "data": data.model_copy(update=update),
             "id": f"hidden-{hashlib.sha256(event.id.encode()).hexdigest()[:32]}",
@@ -281,10 +308,6 @@ def hidden(event: Event[Any]) -> Event[Any]:
             "subject": alias(job_id),
         }
     )
-    # The job's id is in more than its `job_id` (an attempt's Ray submission id, a
-    # checkpoint's URI, a message): nowhere in what is shown.
-    text = shown.model_dump_json().replace(job_id, alias(job_id))
-    return type(shown).model_validate_json(text)
 
 
 def teams_status_for(status: TeamsStatus, reader: str) -> TeamsStatus:
@@ -302,3 +325,47 @@ def teams_status_for(status: TeamsStatus, reader: str) -> TeamsStatus:
                 update={"job_id": alias(job_id), "owner": HIDDEN_OWNER}
             )
     return status.model_copy(update={"holds": TeamHolds(holds=holds)})
+
+
+@dataclass(frozen=True)
+class Forward:
+    """A person's request, as the desk puts it on the bus: on their own subject, under an
+    id of their namespace."""
+
+    subject: str
+    event: Event[Any]
+
+
+@dataclass(frozen=True)
+class RefuseRequest:
+    """A request the desk does not forward: the answer for the person, and the reason
+    and detail of its dead letter."""
+
+    answer: str
+    reason: str
+    detail: str
+
+
+def forward_request(raw: bytes, person: str, prefix: str) -> Forward | RefuseRequest:
+    """What the desk does with what `person` asks it to submit: a request of theirs goes
+    on their own subject (the submitter's intake takes it as it takes any tool's); not a
+    request, or one in someone else's name, is refused."""
+    try:
+        event = decode(raw)
+    except InvalidEventError as error:
+        return RefuseRequest(
+            f"not a request the platform takes: {error}", error.reason.value, str(error)
+        )
+    if not isinstance(event.data, JobRequested | JobCancelRequested):
+        detail = f"{event.type} is not a request (job.requested, job.cancel_requested)"
+        return RefuseRequest(
+            f"not a request the platform takes: {detail}", InvalidReason.UNKNOWN_TYPE, detail
+        )
+    subject = subject_for(type(event.data), prefix).removesuffix(">") + person
+    if subject_of(event.data, prefix) != subject:
+        return RefuseRequest(
+            f"{person} may send requests as {person} only",
+            DeadLetterReason.NOT_THE_SENDER,
+            f"a request of {person}'s names someone else as its sender",
+        )
+    return Forward(subject, event.model_copy(update={"id": person_event_id(person, event.id)}))

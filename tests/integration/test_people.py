@@ -5,12 +5,9 @@ subject the server lets them publish on, and nobody can send one as someone else
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import hashlib
-import io
 import os
-import zipfile
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 from pathlib import Path
@@ -32,7 +29,6 @@ from shared.desk import (
     REQUESTS_PER_S,
     Ask,
     DeskAsk,
-    UploadPart,
     alias,
     desk_subject,
 )
@@ -49,6 +45,7 @@ from shared.teams import Teams, parse_teams
 from shared.workspace import declare_stores
 from tests.async_helpers import eventually
 from tests.events import NOW, job_requested
+from tests.security.attacks import zip_bomb_part
 
 pytestmark = pytest.mark.integration
 
@@ -383,18 +380,8 @@ async def test_a_persons_workspace_goes_up_through_the_desk_under_their_name(
 
 
 async def test_a_zip_bomb_is_refused_at_the_desk(desk: Desk) -> None:
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_DEFLATED) as archive:
-        for i in range(2):
-            archive.writestr(f"zeros-{i}.bin", bytes(60 * 1024**2))
-    bomb = buffer.getvalue()
-    assert len(bomb) < PART_BYTES, "one part that unpacks to 120 MiB"
-    part = UploadPart(
-        sha256=hashlib.sha256(bomb).hexdigest(),
-        size=len(bomb),
-        offset=0,
-        data=base64.b64encode(bomb).decode(),
-    )
+    part = zip_bomb_part()
+    assert part.size < PART_BYTES, "one part that unpacks to 120 MiB"
     alice = await desk.client("alice")
     with pytest.raises(PlatformError, match="unpacks to more than 100 MiB"):
         await alice._ask(DeskAsk(ask=Ask.UPLOAD, part=part))

@@ -200,20 +200,25 @@ async def _read_bobs_job(arena: Arena) -> bool:
     return found is not None or bool(history)
 
 
-async def _zip_bomb(arena: Arena) -> bool:
+def zip_bomb_part() -> UploadPart:
+    """A workspace of one part (under 200 KiB) that unpacks to 120 MiB, past the limit."""
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_DEFLATED) as archive:
         for i in range(2):
             archive.writestr(f"zeros-{i}.bin", bytes(60 * 1024**2))
     bomb = buffer.getvalue()
-    part = UploadPart(
+    return UploadPart(
         sha256=hashlib.sha256(bomb).hexdigest(),
         size=len(bomb),
         offset=0,
         data=base64.b64encode(bomb).decode(),
     )
+
+
+async def _zip_bomb(arena: Arena) -> bool:
+    ask = DeskAsk(ask=Ask.UPLOAD, part=zip_bomb_part())
     try:
-        answer = await arena.client(arena.alice, "alice")._ask(DeskAsk(ask=Ask.UPLOAD, part=part))
+        answer = await arena.client(arena.alice, "alice")._ask(ask)
     except PlatformError:
         return False
     return answer.workspace is not None

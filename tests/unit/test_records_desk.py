@@ -18,11 +18,13 @@ from shared.desk import (
     REQUESTS_BURST,
     REQUESTS_PER_S,
     DeskAsk,
+    Forward,
     UploadPart,
     alias,
     asker,
     desk_subject,
     desk_subjects,
+    forward_request,
     hidden,
     page,
     part_offsets,
@@ -33,7 +35,16 @@ from shared.desk import (
     teams_status_for,
 )
 from shared.events import Event, decode, encode, new_event, subject_matches
-from shared.events.data import JobAccepted, JobFailed, JobRequested, JobResumed, JobStarted
+from shared.events.data import (
+    EventData,
+    JobAccepted,
+    JobCancelRequested,
+    JobCheckpointed,
+    JobFailed,
+    JobRequested,
+    JobResumed,
+    JobStarted,
+)
 from shared.events.types import CapacityClass
 from shared.jobs import JobRecord, JobState
 from shared.teams import TeamHold, TeamHolds, Teams, TeamsStatus, parse_teams
@@ -240,21 +251,31 @@ def test_no_person_sends_more_than_the_burst_and_the_rate_allow(gaps: list[float
         assert sent <= REQUESTS_BURST + now * REQUESTS_PER_S + 1e-9
 
 
-def test_a_hidden_jobs_id_is_nowhere_in_its_events() -> None:
-    """Not in an attempt's Ray submission id, nor in a checkpoint's URI."""
-    started = JobStarted(job_id="bob-secret-run", attempt=2, submission_id="bob-secret-run-2")
-    resumed = JobResumed(
-        job_id="bob-secret-run",
-        attempt=3,
-        from_checkpoint="gs://b/checkpoints/bob-secret-run/step-10",
-        from_step=10,
-        capacity=CapacityClass.SPOT,
-    )
-    for data in (started, resumed):
-        event = new_event(data, source="submitter", time=NOW, subject="bob-secret-run")
-        text = encode(hidden(event)).decode()
-        assert "bob-secret-run" not in text, text
-        assert alias("bob-secret-run") in text
+@pytest.mark.parametrize("job_id", ["bob-secret-run", "job", "spot"])
+def test_a_hidden_jobs_id_is_nowhere_in_its_events(job_id: str) -> None:
+    """Not in an attempt's Ray submission id, a checkpoint's URI, or who asked to cancel;
+    and an id that is also a word of the event (`job`, `spot`) leaves the event whole."""
+    events: list[EventData] = [
+        JobStarted(job_id=job_id, attempt=2, submission_id=f"{job_id}-2"),
+        JobResumed(
+            job_id=job_id,
+            attempt=3,
+            from_checkpoint=f"gs://b/checkpoints/{job_id}/step-10",
+            from_step=10,
+            capacity=CapacityClass.SPOT,
+        ),
+        JobCheckpointed(job_id=job_id, attempt=3, step=10, uri=f"gs://b/{job_id}/10"),
+        JobCancelRequested(job_id=job_id, requested_by="bob"),
+    ]
+    for data in events:
+        event = new_event(data, source="submitter", time=NOW, subject=job_id)
+        shown = decode(encode(hidden(event)))  # still a valid event of its type
+        assert shown.type == event.type
+        fields = shown.data.model_dump(mode="json")
+        assert fields["job_id"] == alias(job_id)
+        leaked = {k: v for k, v in fields.items() if isinstance(v, str) and job_id in v}
+        assert not {k for k in leaked if k not in ("capacity",)}, leaked
+        assert "bob" not in encode(shown).decode()
 
 
 def test_the_teams_status_shows_other_teams_holds_under_an_alias() -> None:
@@ -278,3 +299,50 @@ def test_the_teams_status_shows_other_teams_holds_under_an_alias() -> None:
     assert (other.job_id, other.owner, other.gpus) == (alias("c-1"), HIDDEN_OWNER, 2)
     assert "carol" not in seen.holds.model_dump_json()
     assert "c-1" not in seen.holds.model_dump_json()
+
+
+def _request_of(owner: str, event_id: str = "client-1") -> bytes:
+    data = JobRequested(job_id="j-1", owner=owner, entrypoint=("python", "t.py"))
+    return encode(new_event(data, source=f"cli/{owner}", time=NOW, event_id=event_id))
+
+
+@pytest.mark.parametrize(
+    ("raw", "person", "outcome"),
+    [
+        pytest.param(_request_of("alice"), "alice", "spotrain.job.requested.alice", id="hers"),
+        pytest.param(
+            encode(
+                new_event(
+                    JobCancelRequested(job_id="j-1", requested_by="jane.doe"),
+                    source="cli",
+                    time=NOW,
+                )
+            ),
+            "jane.doe",
+            "spotrain.job.cancel_requested.jane.doe",
+            id="a-cancel-of-a-dotted-name",
+        ),
+        pytest.param(_request_of("bob"), "alice", "not-the-sender", id="in-bobs-name"),
+        pytest.param(b'{"hello": 1}', "alice", "not-an-event", id="not-an-event"),
+        pytest.param(b"{", "alice", "not-json", id="not-json"),
+        pytest.param(
+            encode(new_event(JobAccepted(job_id="j-1", owner="alice"), source="x", time=NOW)),
+            "alice",
+            "unknown-type",
+            id="a-fact-not-a-request",
+        ),
+    ],
+)
+def test_the_desk_forwards_a_persons_own_requests_only(
+    raw: bytes, person: str, outcome: str
+) -> None:
+    decided = forward_request(raw, person, "spotrain")
+    if isinstance(decided, Forward):
+        assert decided.subject == outcome
+        assert decided.event.id.startswith("person:")
+        again = forward_request(raw, person, "spotrain")  # a retry: the same id, stored once
+        assert isinstance(again, Forward)
+        assert again.event.id == decided.event.id
+    else:
+        assert decided.reason == outcome, decided
+        assert "\n" not in decided.answer

@@ -64,6 +64,11 @@ def test_admission_within_quotas(gpus: int, workers: int, in_use: int, expected:
     decision = policy.admit(
         request(gpus, workers), owner_gpus_in_use=in_use, quotas=QUOTAS, now=NOW
     )
+    assert_admission(decision, expected)
+
+
+def assert_admission(decision: object, expected: object) -> None:
+    """An `Accept` equal to `expected`, a `WaitForQuota`, or a `Reject` for that reason."""
     if isinstance(expected, Accept):
         assert decision == expected
     elif expected is WaitForQuota:
@@ -87,13 +92,7 @@ def test_an_elastic_job_is_admitted_at_its_max_workers(
 ) -> None:
     elastic = request(2, workers, max_workers=most)
     decision = policy.admit(elastic, owner_gpus_in_use=in_use, quotas=QUOTAS, now=NOW)
-    if isinstance(expected, Accept):
-        assert decision == expected
-    elif expected is WaitForQuota:
-        assert isinstance(decision, WaitForQuota)
-    else:
-        assert isinstance(decision, Reject)
-        assert decision.reason is expected
+    assert_admission(decision, expected)
 
 
 def test_a_wait_for_the_owners_quota_says_by_how_much() -> None:

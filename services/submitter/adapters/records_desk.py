@@ -28,31 +28,27 @@ from shared.desk import (
     Ask,
     DeskAnswer,
     DeskAsk,
+    Forward,
+    RefuseRequest,
     StoredEvent,
     asker,
     desk_subject,
     desk_subjects,
+    forward_request,
     hidden,
     page,
-    person_event_id,
     replies_to_asker,
     take_request,
     teams_status_for,
 )
 from shared.events import (
-    InvalidEventError,
-    InvalidReason,
     decode,
     dlq_subject,
     encode,
-    subject_for,
-    subject_of,
     subjects_for,
 )
-from shared.events.data import JobCancelRequested, JobRequested
 from shared.jobs import JobRecord
 from shared.messaging.dead_letters import DETAIL, MSG_ID, ORIGINAL_SUBJECT, REASON, SERVICE
-from shared.messaging.delivery import DeadLetterReason
 from shared.messaging.jetstream import JetStreamBus
 from shared.messaging.ports import StoredMessage
 from shared.pool_knowledge import KNOWLEDGE_KEY
@@ -65,8 +61,6 @@ log = structlog.get_logger()
 QUEUE_GROUP = "records-desk"
 MOST_ASKS_AT_ONCE = 256
 """Asks answered at once; more wait their turn (a follower waits up to 20 s for news)."""
-
-_REQUESTS = (JobRequested, JobCancelRequested)
 
 
 class RecordsDesk:
@@ -196,10 +190,8 @@ class RecordsDesk:
                 return await self._uploads.take(ask.part, reader)
 
     async def _submit(self, ask: DeskAsk, reader: str) -> DeskAnswer:
-        """The request on the asker's own subject, stored under an id of their namespace:
-        the submitter's intake takes it from there, as it takes any tool's. A claim to be
-        someone else is refused, and dead-lettered `not-the-sender`; past the person's
-        share of requests, one is refused with when to send it again."""
+        """The request as `forward_request` decides it (the refused dead-lettered); past
+        the person's share of requests, refused with when to send it again."""
         now = asyncio.get_running_loop().time()
         allowance, wait_s = take_request(self._allowances.get(reader), now)
         self._allowances[reader] = allowance
@@ -210,34 +202,18 @@ class RecordsDesk:
                 retry_after_s=wait_s,
             )
         raw = (ask.event or "").encode()
-        try:
-            event = decode(raw)
-            if not isinstance(event.data, _REQUESTS):
-                raise InvalidEventError(  # one refusal for both
-                    InvalidReason.UNKNOWN_TYPE,
-                    f"{event.type} is not a request (job.requested, job.cancel_requested)",
-                )
-        except InvalidEventError as error:
-            await self._dead_letter(raw, reader, error)
-            return DeskAnswer(refused=f"not a request the platform takes: {error}")
-        subject = subject_for(type(event.data), self._bus.prefix).removesuffix(">") + reader
-        if subject_of(event.data, self._bus.prefix) != subject:
-            claim = InvalidEventError(
-                InvalidReason.INVALID_DATA,
-                f"a request of {reader}'s names someone else as its sender",
-            )
-            await self._dead_letter(raw, reader, claim, DeadLetterReason.NOT_THE_SENDER.value)
-            return DeskAnswer(refused=f"{reader} may send requests as {reader} only")
-        stored = event.model_copy(update={"id": person_event_id(reader, event.id)})
-        ack = await self._bus.publish_raw(subject, encode(stored), {MSG_ID: stored.id})
-        return DeskAnswer(next_seq=ack.seq)
+        match forward_request(raw, reader, self._bus.prefix):
+            case RefuseRequest(answer=answer, reason=reason, detail=detail):
+                await self._dead_letter(raw, reader, reason, detail)
+                return DeskAnswer(refused=answer)
+            case Forward(subject=subject, event=event):
+                ack = await self._bus.publish_raw(subject, encode(event), {MSG_ID: event.id})
+                return DeskAnswer(next_seq=ack.seq)
 
-    async def _dead_letter(
-        self, raw: bytes, reader: str, error: InvalidEventError, reason: str | None = None
-    ) -> None:
+    async def _dead_letter(self, raw: bytes, reader: str, reason: str, detail: str) -> None:
         headers = {
-            REASON: reason or error.reason.value,
-            DETAIL: " ".join(str(error).split())[:1024],
+            REASON: reason,
+            DETAIL: " ".join(detail.split())[:1024],
             SERVICE: DESK,
             ORIGINAL_SUBJECT: desk_subject(self._bus.prefix, reader),
         }
