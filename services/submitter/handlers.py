@@ -347,7 +347,8 @@ async def _record_progress(
     )
     if applied is None:
         return None
-    return await _check_workers(*applied, deps)
+    progressed, new_revision = applied
+    return await _check_workers(progressed.record, new_revision, deps)
 
 
 async def _check_workers(
@@ -365,27 +366,26 @@ async def _check_workers(
     deps.worker_checks[attempt.submission_id] = now
     alive = await deps.ray.worker_nodes(attempt.submission_id)
     waiting = await deps.ray.waits_for_room(attempt.submission_id) if alive == () else None
-    seen: list[Transition] = []
-
-    def decide(current: JobRecord) -> Transition:
-        transition = policy.on_workers_seen(
+    applied = await _apply_seen(
+        record,
+        revision,
+        lambda current: policy.on_workers_seen(
             current,
             alive,
             now,
             fallback_after_s=deps.short_of_workers_fallback_s,
             waits_for_room=waiting,
-        )
-        seen.append(transition)
-        return transition
-
-    applied = await _apply_seen(record, revision, decide, deps)
+        ),
+        deps,
+    )
     if applied is None:
         return None
-    if seen[-1].reason is Reason.NODE_LOST:
+    transition, new_revision = applied
+    if transition.reason is Reason.NODE_LOST:
         log.info("job.short_of_workers", alive=len(alive or ()), min=record.request.num_workers)
         deps.worker_checks.pop(attempt.submission_id, None)
         await deps.ray.stop(attempt.submission_id)
-    return applied
+    return transition.record, new_revision
 
 
 async def _admit(event: Event[JobRequested], deps: Deps) -> tuple[JobRecord, Revision]:
@@ -686,7 +686,7 @@ async def _apply_seen(
     deps: Deps,
     *,
     tries: int = 3,
-) -> tuple[JobRecord, Revision] | None:
+) -> tuple[Transition, Revision] | None:
     """What was seen of a running attempt (a report, where Ray has its workers), decided
     and applied; when another writer moved the record on first, decided again on the
     fresh record from the same sighting. Its facts are published before the record is
@@ -697,7 +697,7 @@ async def _apply_seen(
         transition = decide(record)
         new_revision = await _apply(transition, revision, deps)
         if new_revision is not None:
-            return transition.record, new_revision
+            return transition, new_revision
         found = await deps.store.get(record.job_id)
         if found is None:
             return None
