@@ -26,6 +26,7 @@ from services.scaler.ports import PoolProvider
 from services.scaler.settings import ScalerSettings
 from shared.clock import SystemClock
 from shared.events.types import CapacityClass
+from shared.localstack.confinement import confinement_for
 from shared.localstack.market import (
     MARKET_FILE,
     LocalMarket,
@@ -149,6 +150,7 @@ def _provider(
         log_dir=local.log_dir,
         env=os.environ,
         head_temp_dir=local.ray_temp_dir,
+        confinement=confinement_for(local, os.environ),
     )
 
 

@@ -14,6 +14,7 @@ import typer
 from shared.cli.console import CliError, OutputOption, duration_s, err, out, print_table
 from shared.cli.tables import Column, Output
 from shared.localstack import stack
+from shared.localstack.confinement import can_confine
 from shared.localstack.market import check_market_pools
 from shared.localstack.settings import LocalStackSettings
 from shared.spot_traces import SpotMarketOption, parse_spot_market
@@ -71,6 +72,12 @@ def up(
             f"secure bus: load the CLI's credentials with: set -a; . {cli_env}; set +a",
             soft_wrap=True,
         )
+        if not can_confine():
+            err.print(
+                "job code is not confined (that takes root and unshare): a job can read "
+                f"this stack's files in {settings.home}",
+                soft_wrap=True,
+            )
 
 
 def _spot_markets(values: list[str]) -> list[SpotMarketOption]:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from shared.localstack import node_keeper
+from shared.localstack.confinement import Confinement
 from shared.localstack.processes import ProcessRecord, spawn
 
 PORT_BLOCK = 64
@@ -136,16 +137,19 @@ def start_worker(
     alive_file: Path,
     ended_file: Path,
     temp_dir: Path | None = None,
+    confinement: Confinement | None = None,
 ) -> ProcessRecord:
     """Start one worker node in its own session, under its keeper (which writes the node's
     process record to `record_file` before the node starts, stamps `alive_file` while it
-    runs and records its exit in `ended_file`); stop it with `stop_session(record.pid)`."""
+    runs and records its exit in `ended_file`); stop it with `stop_session(record.pid)`.
+    The keeper stays outside the `confinement` it starts the node in."""
     log = log_dir / f"node-{name}.log"
     files = (record_file, log, alive_file, ended_file)
     keeper = [sys.executable, str(Path(node_keeper.__file__)), *map(str, files)]
+    node = worker_argv(gcs_address, shape, ports, temp_dir)
     return spawn(
         name,
-        [*keeper, "--", *worker_argv(gcs_address, shape, ports, temp_dir)],
+        [*keeper, "--", *(confinement.argv(node) if confinement else node)],
         log_path=log,
         env=node_env(env),
         cwd=log_dir,

@@ -25,6 +25,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from shared.localstack import prometheus
+from shared.localstack.confinement import confinement_for
 from shared.localstack.market import MARKET_FILE, market_config
 from shared.localstack.nodes import NodeFolder
 from shared.localstack.processes import (
@@ -127,34 +128,37 @@ def components(settings: LocalStackSettings) -> list[Component]:
         endpoint=s.nats_url,
         stop_grace_s=5,
     )
+    head_argv = [
+        ray_binary(),
+        "start",
+        "--head",
+        "--block",
+        "--port",
+        str(s.ray_gcs_port),
+        "--dashboard-host",
+        s.host,
+        "--dashboard-port",
+        str(s.ray_dashboard_port),
+        "--ray-client-server-port",
+        str(s.ray_client_port),
+        "--temp-dir",
+        str(s.ray_temp_dir),
+        # The head runs the control plane and job drivers; training goes to pool nodes.
+        "--num-cpus",
+        "0",
+        "--num-gpus",
+        "0",
+        "--disable-usage-stats",
+        # A killed node is declared dead in ~3 s instead of ~13 s: in between, Ray may
+        # place a resumed attempt on the dead node's stale free resources.
+        f"--system-config={json.dumps(_HEAD_SYSTEM_CONFIG)}",
+        *NodePorts(s.ray_head_port_base).argv(),
+    ]
+    # Job drivers run on the head: on a secure stack it is confined as the nodes are.
+    confined = confinement_for(s, base_env)
     ray_head = Component(
         name="ray-head",
-        argv=[
-            ray_binary(),
-            "start",
-            "--head",
-            "--block",
-            "--port",
-            str(s.ray_gcs_port),
-            "--dashboard-host",
-            s.host,
-            "--dashboard-port",
-            str(s.ray_dashboard_port),
-            "--ray-client-server-port",
-            str(s.ray_client_port),
-            "--temp-dir",
-            str(s.ray_temp_dir),
-            # The head runs the control plane and job drivers; training goes to pool nodes.
-            "--num-cpus",
-            "0",
-            "--num-gpus",
-            "0",
-            "--disable-usage-stats",
-            # A killed node is declared dead in ~3 s instead of ~13 s: in between, Ray may
-            # place a resumed attempt on the dead node's stale free resources.
-            f"--system-config={json.dumps(_HEAD_SYSTEM_CONFIG)}",
-            *NodePorts(s.ray_head_port_base).argv(),
-        ],
+        argv=confined.argv(head_argv) if confined else head_argv,
         env={
             **node_env(base_env),
             # In the head's own port block (see NodePorts): with Ray's defaults (44217,

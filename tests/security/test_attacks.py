@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 
+import shared
 from shared.jobs import JobState
+from shared.localstack.confinement import can_confine
+from shared.localstack.processes import ProcessRecord, session_processes
 from shared.localstack.settings import LocalStackSettings
 from shared.workspace import workspaces_bucket
 from tests.e2e.stack import spotrain
@@ -125,3 +129,116 @@ def test_job_code_finds_no_platform_credential_in_its_environment(
     logs = spotrain(world.people["bob"], "logs", "bob-snoop")
     assert logs.returncode == 0, logs.stderr
     assert "found: nothing" in logs.stdout, logs.stdout
+
+
+SNOOP = """
+import json, os, pathlib, sys
+tries = json.loads(sys.argv[1])
+seen = {}
+for name, path in tries["read"].items():
+    try:
+        p = pathlib.Path(path)
+        seen[name] = sorted(os.listdir(p)) if p.is_dir() else p.read_text()[:40]
+    except OSError as error:
+        seen[name] = f"refused {type(error).__name__}"
+for name, path in tries["write"].items():
+    try:
+        pathlib.Path(path).write_text("a job was here")
+        seen[name] = "written"
+    except OSError as error:
+        seen[name] = f"refused {type(error).__name__}"
+print("seen:", json.dumps(seen, sort_keys=True))
+"""
+
+
+@pytest.mark.skipif(not can_confine(), reason="confining job code takes root and unshare")
+def test_job_code_cannot_read_the_stacks_files_nor_change_its_code(
+    world: World, tmp_path: Path
+) -> None:
+    """Alice's job, on a node of the secure stack, looks for what the stack keeps: every
+    role's NATS credentials, the NATS store, bob's team's secret, the submitter's process
+    (its environment), and tries to change the platform's code. All of it is out of reach,
+    while its own checkpoint folder is still its own to write."""
+    submitter = ProcessRecord.load(world.home / "run" / "submitter.json")
+    assert submitter is not None
+    project = Path(shared.__file__).resolve().parent.parent
+    planted = project / "shared" / "planted_by_a_job.py"
+    settings = LocalStackSettings(home=world.home)
+    tries = {
+        "read": {
+            "credentials": str(world.home / "nats-auth"),
+            "nats-store": str(world.home / "nats"),
+            "team-secret": world.env["SPOTRAIN_SUBMITTER_SECRETS_DIR"] + "/nlp/hf-token",
+            "submitter-env": f"/proc/{submitter.pid}/environ",
+            "submitter-root": f"/proc/{submitter.pid}/root/",
+        },
+        "write": {
+            "platform-code": str(planted),
+            "checkpoints": str(settings.checkpoint_dir / "alice-snoop" / "mine.txt"),
+        },
+    }
+    workdir = tmp_path / "snoop"
+    workdir.mkdir()
+    (workdir / "snoop.py").write_text(SNOOP)
+    (settings.checkpoint_dir / "alice-snoop").mkdir(parents=True, exist_ok=True)
+    try:
+        submitted = spotrain(
+            world.people["alice"], "submit", "snoop.py", "--workdir", str(workdir),
+            "--job-id", "alice-snoop", "--gpus", "0", "--cpus", "1", "--wait",
+            "--", json.dumps(tries), timeout_s=240,
+        )  # fmt: skip
+        assert submitted.returncode == 0, submitted.stderr + submitted.stdout
+        assert not planted.exists()
+    finally:
+        planted.unlink(missing_ok=True)
+    logs = spotrain(world.people["alice"], "logs", "alice-snoop")
+    [line] = [line for line in logs.stdout.splitlines() if line.startswith("seen: ")]
+    seen = json.loads(line.removeprefix("seen: "))
+    assert seen.pop("checkpoints") == "written"
+    got_through = {name: what for name, what in seen.items() if not _refused(what)}
+    assert got_through == {}
+    assert (world.home / "nats-auth" / "nats-server.conf").is_file()  # there, but hidden
+
+
+def _refused(what: object) -> bool:
+    """Refused outright, or shown an empty folder in place of the stack's."""
+    return what == [] or (isinstance(what, str) and what.startswith("refused "))
+
+
+@pytest.mark.skipif(not can_confine(), reason="confining job code takes root and unshare")
+def test_every_ray_process_runs_confined(world: World) -> None:
+    """The head (where multi-node jobs' drivers run) and every pool node: each of their
+    processes, and so each job's, has no capability and a mount namespace of its own.
+    Only a node's keeper, which never runs job code, stays outside."""
+    settings = LocalStackSettings(home=world.home)
+    head = ProcessRecord.load(settings.run_dir / "ray-head.json")
+    deadline = time.monotonic() + 180
+    while not (nodes := [ProcessRecord.load(p) for p in settings.node_dir.glob("*.json")]):
+        assert time.monotonic() < deadline, "no pool node came up for bob's job"
+        time.sleep(0.5)
+    records = [record for record in (head, *nodes) if record is not None]
+    assert head is not None
+    assert len(records) >= 2, "the head and a pool node"
+    ours = str(Path("/proc/self/ns/mnt").readlink())
+    seen = {
+        pid: view
+        for record in records
+        for pid in session_processes(record.pid)
+        if (view := _view_of(pid)) is not None and "node_keeper" not in view[2]
+    }
+    assert len(seen) >= 2 * len(records)  # each node's gcs or raylet and agents, at least
+    loose = {pid: view for pid, view in seen.items() if view[0] != 0 or view[1] == ours}
+    assert loose == {}
+
+
+def _view_of(pid: int) -> tuple[int, str, str] | None:
+    """A process's effective capabilities, mount namespace and command line; None once
+    it is gone (a job's workers come and go)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+        namespace = str(Path(f"/proc/{pid}/ns/mnt").readlink())
+        command = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return None
+    [line] = [line for line in status.splitlines() if line.startswith("CapEff:")]
+    return int(line.split()[1], 16), namespace, command

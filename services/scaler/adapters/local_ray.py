@@ -15,6 +15,7 @@ import structlog
 from services.scaler.model import PoolSpec, StoppedNode
 from services.scaler.ports import ProvidedNode
 from shared.cost.node_ends import NodeEnd
+from shared.localstack.confinement import Confinement
 from shared.localstack.market import LocalMarket, room_to_grow, to_preempt
 from shared.localstack.nodes import LocalNode, NodeFolder, take_back
 from shared.localstack.ports import free_port_block
@@ -48,6 +49,7 @@ class LocalPoolProvider:
         env: Mapping[str, str],
         head_temp_dir: Path | None = None,
         markets: Mapping[str, LocalMarket] | None = None,
+        confinement: Confinement | None = None,
     ) -> None:
         self._gcs_address = gcs_address
         self._state_dir = state_dir
@@ -56,6 +58,7 @@ class LocalPoolProvider:
         self._env = dict(env)
         self._head_temp_dir = head_temp_dir
         self._markets = dict(markets or {})
+        self._confinement = confinement
 
     async def nodes(self) -> list[ProvidedNode]:
         return await asyncio.to_thread(self._nodes)
@@ -161,6 +164,7 @@ class LocalPoolProvider:
                     alive_file=self._folder.alive_file(name),
                     ended_file=self._folder.ended_file(name),
                     temp_dir=temp_dir,
+                    confinement=self._confinement,
                 )
             except (OSError, subprocess.SubprocessError):
                 self._folder.forget(name)  # never started: nothing to bill
