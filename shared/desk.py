@@ -16,7 +16,7 @@ Messages and the pure parts (paging, what a hidden job's cost events keep). No I
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Annotated, Any, TypeVar
@@ -201,6 +201,33 @@ def part_offsets(size: int) -> range:
 
 def part_name(owner: str, sha256: str, offset: int) -> str:
     return f"{owner}.{sha256}.{offset:012d}"
+
+
+MOST_STAGED_BYTES = 256 * 1024 * 1024
+"""What one person's unfinished uploads may hold in the uploads store at once (two and a
+half of the largest workspace): parts left behind expire only after an hour, and one
+person must not fill the store for everyone until then."""
+
+
+def staged_by(owner: str, first_parts: Mapping[str, int]) -> int:
+    """The bytes `owner`'s unfinished uploads have reserved: each upload reserves its whole
+    size with its first part (`first_parts`: the store's first parts, by name)."""
+    return sum(
+        size
+        for name, size in first_parts.items()
+        if name.startswith(f"{owner}.") and name.endswith(f".{0:012d}")
+    )
+
+
+def staging_refusal(staged: int, size: int) -> str | None:
+    """Why a new upload of `size` bytes may not begin beside `staged` bytes, or None."""
+    if staged + size <= MOST_STAGED_BYTES:
+        return None
+    return (
+        f"your unfinished uploads hold {staged // 2**20} MiB; a new one of "
+        f"{size // 2**20} MiB would pass the {MOST_STAGED_BYTES // 2**20} MiB each person "
+        "may stage: finish one, or wait an hour for what was left behind to expire"
+    )
 
 
 class DeskAsk(Frozen):

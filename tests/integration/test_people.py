@@ -5,6 +5,7 @@ subject the server lets them publish on, and nobody can send one as someone else
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import hashlib
 import os
@@ -24,11 +25,13 @@ from shared.desk import (
     DESK,
     HIDDEN_OWNER,
     MOST_ASKS_PER_PERSON,
+    MOST_STAGED_BYTES,
     PART_BYTES,
     REQUESTS_BURST,
     REQUESTS_PER_S,
     Ask,
     DeskAsk,
+    UploadPart,
     alias,
     desk_subject,
 )
@@ -42,7 +45,7 @@ from shared.messaging.settings import ClientBusSettings
 from shared.natsauth import Role, write_nats_config
 from shared.natsauth.files import add_person, person_env, write_env_file
 from shared.teams import Teams, parse_teams
-from shared.workspace import declare_stores
+from shared.workspace import DEFAULT_LIMIT_BYTES, declare_stores
 from tests.async_helpers import eventually
 from tests.events import NOW, job_requested
 from tests.security.attacks import zip_bomb_part
@@ -387,6 +390,35 @@ async def test_a_zip_bomb_is_refused_at_the_desk(desk: Desk) -> None:
         await alice._ask(DeskAsk(ask=Ask.UPLOAD, part=part))
     store = await desk.submitter.client.jetstream().object_store(f"{PREFIX}-workspaces")
     assert [o for o in await _objects(store) if not o.deleted] == []
+
+
+def _first_part(size: int) -> UploadPart:
+    """The first part of an upload of `size` bytes, which nobody will finish."""
+    raw = os.urandom(PART_BYTES)
+    return UploadPart(
+        sha256=hashlib.sha256(raw).hexdigest(), size=size, offset=0,
+        data=base64.b64encode(raw).decode(),
+    )  # fmt: skip
+
+
+async def test_one_person_may_stage_only_so_much_in_the_uploads_store(desk: Desk) -> None:
+    """Alice begins uploads she never finishes: each reserves its whole size, and past her
+    share the next is refused; bob begins his all the same, and a part without its upload's
+    beginning is refused."""
+    alice = await desk.client("alice")
+    largest = DEFAULT_LIMIT_BYTES
+    begun = [_first_part(largest) for _ in range(MOST_STAGED_BYTES // largest)]
+    for part in begun:
+        assert (await alice._ask(DeskAsk(ask=Ask.UPLOAD, part=part))).refused is None
+    with pytest.raises(PlatformError, match="your unfinished uploads hold"):
+        await alice._ask(DeskAsk(ask=Ask.UPLOAD, part=_first_part(largest)))
+    # The same upload begun again takes its own place.
+    assert (await alice._ask(DeskAsk(ask=Ask.UPLOAD, part=begun[0]))).refused is None
+    bob = await desk.client("bob")
+    assert (await bob._ask(DeskAsk(ask=Ask.UPLOAD, part=_first_part(largest)))).refused is None
+    second = begun[0].model_copy(update={"sha256": "0" * 64, "offset": PART_BYTES})
+    with pytest.raises(PlatformError, match="begins with its first part"):
+        await bob._ask(DeskAsk(ask=Ask.UPLOAD, part=second))
 
 
 async def _objects(store: Any) -> list[Any]:

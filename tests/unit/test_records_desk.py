@@ -14,6 +14,7 @@ from pydantic import ValidationError
 from services.submitter import policy
 from shared.desk import (
     HIDDEN_OWNER,
+    MOST_STAGED_BYTES,
     PART_BYTES,
     REQUESTS_BURST,
     REQUESTS_PER_S,
@@ -31,6 +32,8 @@ from shared.desk import (
     person_event_id,
     person_inbox_prefix,
     replies_to_asker,
+    staged_by,
+    staging_refusal,
     take_request,
     teams_status_for,
 )
@@ -346,3 +349,28 @@ def test_the_desk_forwards_a_persons_own_requests_only(
     else:
         assert decided.reason == outcome, decided
         assert "\n" not in decided.answer
+
+
+@pytest.mark.parametrize(
+    ("first_parts", "size", "refused"),
+    [
+        pytest.param({}, MOST_STAGED_BYTES, False, id="the-whole-share-at-once"),
+        pytest.param({}, MOST_STAGED_BYTES + 1, True, id="past-the-share"),
+        pytest.param({f"ann.{'a' * 64}.{0:012d}": MOST_STAGED_BYTES}, 1, True, id="share-held"),
+        pytest.param(
+            {f"bob.{'a' * 64}.{0:012d}": MOST_STAGED_BYTES}, MOST_STAGED_BYTES, False,
+            id="another-persons-staging-is-theirs",
+        ),
+        pytest.param(
+            {f"ann.{'a' * 64}.{PART_BYTES:012d}": MOST_STAGED_BYTES}, MOST_STAGED_BYTES, False,
+            id="only-first-parts-reserve",
+        ),
+        pytest.param(
+            {f"ann.{'a' * 64}.{0:012d}": 3, f"ann.{'b' * 64}.{0:012d}": 4},
+            MOST_STAGED_BYTES - 7, False, id="reservations-add-up",
+        ),
+    ],
+)  # fmt: skip
+def test_what_one_person_may_stage(first_parts: dict[str, int], size: int, refused: bool) -> None:
+    problem = staging_refusal(staged_by("ann", first_parts), size)
+    assert (problem is not None) is refused

@@ -15,9 +15,17 @@ import hashlib
 import nats.js.errors
 import structlog
 from nats.js import JetStreamContext
+from nats.js.api import ObjectMeta
 from nats.js.object_store import ObjectStore
 
-from shared.desk import DeskAnswer, UploadPart, part_name, part_offsets
+from shared.desk import (
+    DeskAnswer,
+    UploadPart,
+    part_name,
+    part_offsets,
+    staged_by,
+    staging_refusal,
+)
 from shared.events.types import ObjectRef
 from shared.workspace import (
     WorkspaceError,
@@ -34,6 +42,7 @@ class DeskUploads:
     def __init__(self, js: JetStreamContext, prefix: str) -> None:
         self._js = js
         self._prefix = prefix
+        self._beginning: dict[str, asyncio.Lock] = {}
 
     async def take(self, part: UploadPart, owner: str) -> DeskAnswer:
         workspaces = await self._js.object_store(workspaces_bucket(self._prefix))
@@ -52,10 +61,37 @@ class DeskUploads:
         if (problem := part.part_problem(raw)) is not None:
             return DeskAnswer(refused=problem)
         uploads = await self._js.object_store(uploads_bucket(self._prefix))
-        await uploads.put(part_name(owner, part.sha256, part.offset), raw)
+        if part.offset == 0:
+            if (refusal := await self._begin(uploads, part, owner, raw)) is not None:
+                return DeskAnswer(refused=refusal)
+        elif not await _has(uploads, part_name(owner, part.sha256, 0)):
+            return DeskAnswer(refused="an upload begins with its first part: upload it again")
+        else:
+            await uploads.put(part_name(owner, part.sha256, part.offset), raw)
         if not part.is_last:
             return DeskAnswer()
         return await self._store_whole(part, owner, uploads, workspaces, ref)
+
+    async def _begin(
+        self, uploads: ObjectStore, part: UploadPart, owner: str, raw: bytes
+    ) -> str | None:
+        """Stage an upload's first part, which reserves its whole size, if the owner's
+        other unfinished uploads leave room; else why not. One owner's beginnings are
+        taken one at a time, so that each sees what the one before reserved."""
+        async with self._beginning.setdefault(owner, asyncio.Lock()):
+            try:
+                staged = await uploads.list(ignore_deletes=True)
+            except nats.js.errors.NotFoundError:
+                staged = []  # an empty store
+            name = part_name(owner, part.sha256, 0)
+            # An upload begun again (the last one cut short) takes the place of its own.
+            first_parts = {i.name: int(i.description or 0) for i in staged if i.name != name}
+            reserved = staged_by(owner, first_parts)
+            if (refusal := staging_refusal(reserved, part.size)) is not None:
+                log.info("desk.upload_refused", owner=owner, staged=reserved, size=part.size)
+                return refusal
+            await uploads.put(name, raw, meta=ObjectMeta(name=name, description=str(part.size)))
+        return None
 
     async def _store_whole(
         self,
