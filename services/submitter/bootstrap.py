@@ -68,6 +68,7 @@ async def bootstrap(bus: EventBus, stack: AsyncExitStack) -> ServiceDefinition:
         worker_check_interval_s=settings.track_interval_s * 5,
         pools=KvPoolsReader(js, bus.prefix) if teams is not None else None,
         default_max_hours=settings.default_max_hours,
+        driver_labels=settings.driver_labels,
         admission_view_max_age_s=settings.admission_view_max_age_s,
         secrets=SecretFiles(settings.secrets_dir),
         workspace_bucket=workspaces_bucket(bus.prefix),

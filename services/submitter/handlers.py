@@ -103,6 +103,8 @@ class Deps:
     """Where `--secret` names are looked up; None: a job naming one is refused."""
     default_max_hours: float = 24.0
     """The hours a job without `--max-hours` is held to on a team with a budget."""
+    driver_labels: Mapping[str, str] = field(default_factory=dict)
+    """Where multi-node drivers run (`SubmitterSettings.driver_labels`); empty: the head."""
     admission_view: AdmissionView = field(default_factory=AdmissionView)
     admission_view_max_age_s: float = 0.0
     """How old the records admission decides from may be. A job that ended meanwhile still
@@ -658,7 +660,12 @@ async def _submit(record: JobRecord, attempt: Attempt, deps: Deps) -> None:
     working_dir = None
     if record.request.working_dir is not None:
         working_dir = await deps.workspaces.unpack(record.request.working_dir)
-    plan = policy.plan_submission(record, attempt, checkpoint_uri=_checkpoint_uri(record, deps))
+    plan = policy.plan_submission(
+        record,
+        attempt,
+        checkpoint_uri=_checkpoint_uri(record, deps),
+        driver_labels=deps.driver_labels,
+    )
     if record.request.secrets:
         # Looked up now, for this submission only: the value goes to Ray and nowhere else.
         values = {}

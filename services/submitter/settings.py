@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
-from pydantic import AliasChoices, Field
+from pydantic import AliasChoices, Field, StringConstraints
 from pydantic_settings import SettingsConfigDict
 
 from shared.runtime import RuntimeSettings
+
+NonEmpty = Annotated[str, StringConstraints(min_length=1, max_length=63)]
 
 
 class SubmitterSettings(RuntimeSettings):
@@ -57,9 +60,13 @@ class SubmitterSettings(RuntimeSettings):
     """An elastic attempt short of its MIN workers this long goes on as a new attempt from
     its latest checkpoint, where the checkpointer finds capacity."""
     secrets_dir: Path = Field(default_factory=lambda: _home("secrets"))
+    """One file per secret that jobs may name with `--secret` (a mounted Secret on GKE)."""
     refused_records_max_age_s: float = Field(7 * 86_400.0, gt=0)
     """How long a refused request's record is kept (`spotrain show` finds it until then)."""
-    """One file per secret that jobs may name with `--secret` (a mounted Secret on GKE)."""
+    driver_labels: dict[NonEmpty, NonEmpty] = Field(default_factory=dict)
+    """The Ray node labels a multi-node job's driver runs on, as JSON (the chart's drivers
+    group: `{"spotrain-role": "driver"}`). Empty: Ray keeps those drivers on the head,
+    where Ray's job API is; a group of their own keeps job code away from it."""
     default_max_hours: float = Field(24.0, gt=0)
     """On a team with a budget, the hours a job without `--max-hours` is held to."""
     track_interval_s: float = Field(1.0, gt=0)

@@ -719,7 +719,8 @@ def test_rays_token_goes_to_ray_and_the_services_that_drive_it_only(
             if env.get("RAY_AUTH_TOKEN") == token:
                 assert env["RAY_AUTH_MODE"] == "token", pod.where
                 holders.add(pod.metadata["labels"]["app.kubernetes.io/component"])
-    assert holders == {"submitter", "scaler", "checkpointer", "ray-head", "ray-worker"}
+    ray = {"ray-head", "ray-worker", "ray-driver"}
+    assert holders == {"submitter", "scaler", "checkpointer", *ray}
 
 
 def test_each_teams_secrets_are_its_own_folder(helm: Helm) -> None:
@@ -789,7 +790,7 @@ def test_worker_groups_declare_the_labels_and_resources_the_platform_relies_on(
     assert ray_cluster_errors(cluster["spec"]) == []
     values = _values(GKE_EXAMPLE if render == "gke" else CHART / "values.yaml")
     groups = {g["groupName"]: g for g in cluster["spec"]["workerGroupSpecs"]}
-    assert list(groups) == [p["name"] for p in values["pools"]]
+    assert list(groups) == [*(p["name"] for p in values["pools"]), DRIVERS_GROUP]
     for pool in values["pools"]:
         group = groups[pool["name"]]
         params = group["rayStartParams"]
@@ -839,6 +840,8 @@ def test_worker_groups_hold_a_pod_per_node_the_scaler_may_add(
         (cluster,) = kinds(manifests, "RayCluster")
         assert cluster["spec"]["enableInTreeAutoscaling"] is False
         for group in cluster["spec"]["workerGroupSpecs"]:
+            if group["groupName"] == DRIVERS_GROUP:
+                continue  # not a pool: a fixed size (test_multi_node_drivers_...)
             pool = pools[group["groupName"]]
             assert group["replicas"] == pool[replicas]
             assert group["minReplicas"] <= group["replicas"] <= group["maxReplicas"]
@@ -859,6 +862,55 @@ def test_ray_head_runs_on_the_platform_pool_and_takes_no_work(gke: list[Manifest
     assert head["rayStartParams"]["num-gpus"] == "0"
     pool_names = {g["groupName"] for g in cluster["spec"]["workerGroupSpecs"]}
     assert "system" not in pool_names
+
+
+DRIVERS_GROUP = "drivers"
+COMPONENT = "app.kubernetes.io/component"
+
+
+def test_multi_node_drivers_run_on_a_group_of_their_own_that_the_submitter_selects(
+    gke: list[Manifest], tmp_path: Path
+) -> None:
+    """No job code on the head, where Ray's job API is: the drivers' group has the labels
+    (written by its init container, run here with sh) that the submitter selects drivers
+    by, offers no CPU or GPU, so nothing else lands there, and runs on on-demand nodes."""
+    from ray._private.label_utils import parse_node_labels_from_yaml_file  # noqa: PLC0415
+
+    (cluster,) = kinds(gke, "RayCluster")
+    [drivers] = [g for g in cluster["spec"]["workerGroupSpecs"] if g["groupName"] == "drivers"]
+    assert drivers["rayStartParams"]["num-cpus"] == "0"
+    assert drivers["rayStartParams"]["num-gpus"] == "0"
+    assert drivers["replicas"] == drivers["minReplicas"] == drivers["maxReplicas"] >= 1
+    spec = drivers["template"]["spec"]
+    (init,) = spec["initContainers"]
+    labels_file = tmp_path / "drivers.yaml"
+    script = init["command"][2].replace(drivers["rayStartParams"]["labels-file"], str(labels_file))
+    subprocess.run([*init["command"][:2], script], check=True)
+    labels = parse_node_labels_from_yaml_file(str(labels_file))
+    [submitter] = [p for p in pods(gke) if p.metadata["labels"].get(COMPONENT) == "submitter"]
+    (container,) = submitter.spec["containers"]
+    assert json.loads(env_of(container)["SPOTRAIN_SUBMITTER_DRIVER_LABELS"]) == labels
+    assert labels == {"spotrain-role": "driver"}
+    assert drivers["template"]["metadata"]["labels"][COMPONENT] == "ray-driver"
+    assert spec["nodeSelector"] == {"cloud.google.com/gke-nodepool": "system"}
+    assert "affinity" not in spec, "no pool worker's one-per-node rule applies"
+
+
+def test_without_a_drivers_group_the_submitter_leaves_drivers_on_the_head(helm: Helm) -> None:
+    rendered = helm.render(sets={**REQUIRED_SETS, "ray.drivers.enabled": "false"})
+    (cluster,) = kinds(rendered, "RayCluster")
+    assert DRIVERS_GROUP not in [g["groupName"] for g in cluster["spec"]["workerGroupSpecs"]]
+    [submitter] = [p for p in pods(rendered) if p.metadata["labels"].get(COMPONENT) == "submitter"]
+    assert "SPOTRAIN_SUBMITTER_DRIVER_LABELS" not in env_of(submitter.spec["containers"][0])
+
+
+def test_a_pool_may_not_take_the_drivers_groups_name(helm: Helm, tmp_path: Path) -> None:
+    pools = _values()["pools"]
+    renamed = tmp_path / "pools.yaml"
+    renamed.write_text(yaml.safe_dump({"pools": [{**pools[0], "name": DRIVERS_GROUP}]}))
+    result = helm.template(values=[renamed])
+    assert result.returncode != 0
+    assert "pool drivers has the name of the drivers' group" in result.stderr
 
 
 # -- the rest of the chart -----------------------------------------------------------------

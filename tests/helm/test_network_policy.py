@@ -119,13 +119,19 @@ HTTP = 9460
     [
         # Job code (Ray's pods) reaches nothing of the platform's.
         pytest.param("ray-worker", "nats", 4222, False, id="job-to-nats"),
-        pytest.param("ray-head", "nats", 4222, False, id="driver-to-nats"),
+        pytest.param("ray-head", "nats", 4222, False, id="head-to-nats"),
+        pytest.param("ray-driver", "nats", 4222, False, id="driver-to-nats"),
+        pytest.param("ray-driver", "ray-head", 8265, False, id="driver-to-the-job-api"),
+        pytest.param("ray-driver", "submitter", HTTP, False, id="driver-to-submitter"),
         pytest.param("ray-worker", "submitter", HTTP, False, id="job-to-submitter-metrics"),
         pytest.param("ray-worker", "scaler", HTTP, False, id="job-to-scaler"),
         pytest.param("ray-worker", "ray-head", 8265, False, id="job-to-the-job-api"),
         # ... and Ray's own ports, to run at all.
         pytest.param("ray-worker", "ray-head", 6379, True, id="job-to-gcs"),
         pytest.param("ray-worker", "ray-worker", 10002, True, id="worker-to-worker"),
+        pytest.param("ray-driver", "ray-head", 6379, True, id="driver-to-gcs"),
+        pytest.param("ray-driver", "ray-worker", 10002, True, id="driver-to-its-workers"),
+        pytest.param("ray-worker", "ray-driver", 10002, True, id="workers-to-their-driver"),
         # The platform reaches what it drives.
         pytest.param("submitter", "ray-head", 8265, True, id="submitter-to-the-job-api"),
         pytest.param("checkpointer", "ray-head", 6379, True, id="checkpointer-drains"),

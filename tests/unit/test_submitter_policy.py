@@ -254,6 +254,38 @@ def test_the_attempt_after_a_lost_one_keeps_its_driver_off_the_lost_node(
     assert plan.entrypoint_label_selector == expected
 
 
+DRIVERS = {"spotrain-role": "driver"}
+
+
+@pytest.mark.parametrize(
+    ("workers", "lost", "expected"),
+    [
+        pytest.param(2, False, DRIVERS, id="multi-node-driver-on-the-drivers-nodes"),
+        pytest.param(2, True, DRIVERS, id="after-a-loss-too"),
+        pytest.param(1, False, {"spotrain-node": "in(n1)"}, id="single-node-on-its-room"),
+        pytest.param(1, True, {"spotrain-node": "!in(gpu-spot-7)"}, id="single-after-a-loss"),
+    ],
+)
+def test_a_multi_node_driver_runs_on_the_drivers_nodes_where_there_are_some(
+    workers: int, lost: bool, expected: dict[str, str]
+) -> None:
+    """With a drivers group (the chart's default), no job's code runs on the head, where
+    Ray's job API answers whoever holds the cluster's token."""
+    record = queued_record(request(0, workers=workers))
+    if lost:
+        gone = record.attempts[0].model_copy(
+            update={"state": AttemptState.LOST, "nodes": ("gpu-spot-7",), "placed_on": ()}
+        )
+        record = record.model_copy(
+            update={"attempts": (gone, gone.model_copy(update={"number": 2}))}
+        )
+    plan = policy.plan_submission(
+        record, record.attempts[-1], checkpoint_uri="file:///c", driver_labels=DRIVERS
+    )
+    assert plan.entrypoint_label_selector == expected
+    assert plan.entrypoint_num_cpus == (0 if workers > 1 else record.request.worker.cpus)
+
+
 @pytest.mark.parametrize(
     ("error_type", "expected"),
     [

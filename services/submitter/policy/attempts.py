@@ -7,6 +7,7 @@ import json
 import math
 import re
 import shlex
+from collections.abc import Mapping
 from datetime import datetime
 
 from services.submitter.model import (
@@ -66,8 +67,15 @@ RAY_TRAIN_ON_SPOT = {
 the driver and passes them to its controller)."""
 
 
-def plan_submission(record: JobRecord, attempt: Attempt, *, checkpoint_uri: str) -> SubmissionPlan:
-    """What Ray gets for one attempt: a quoted command, its pinning, the training contract."""
+def plan_submission(
+    record: JobRecord,
+    attempt: Attempt,
+    *,
+    checkpoint_uri: str,
+    driver_labels: Mapping[str, str] | None = None,
+) -> SubmissionPlan:
+    """What Ray gets for one attempt: a quoted command, its pinning, the training contract.
+    `driver_labels`: the nodes a multi-node driver runs on; none: the head."""
     request = record.request
     single_node = request.num_workers == 1
     pin = capacity_resource(record.capacity_of(attempt))
@@ -99,6 +107,9 @@ def plan_submission(record: JobRecord, attempt: Attempt, *, checkpoint_uri: str)
         # Not for a multi-node driver: any selector counts to Ray as asking for room, and
         # it would no longer keep that driver on the head.
         selector = {NODE_LABEL: f"!in({','.join(lost)})"}
+    elif not single_node and driver_labels:
+        # Off the head, where Ray's job API is, onto the drivers' own nodes.
+        selector = dict(driver_labels)
     if request.experiment:
         metadata["experiment"] = request.experiment
     return SubmissionPlan(
@@ -109,8 +120,8 @@ def plan_submission(record: JobRecord, attempt: Attempt, *, checkpoint_uri: str)
         entrypoint=shlex.join((*LAUNCHER, *request.entrypoint)),
         # A single-node job's driver is its worker, on the attempt's capacity. A multi-node
         # driver only coordinates the workers it places itself (Ray Train): it asks for
-        # nothing, so Ray runs it on the head (on-demand, never resized), and losing any
-        # spot node never loses the attempt.
+        # nothing, so Ray runs it on the head, or on the drivers' nodes where there are
+        # some (on-demand, never resized), and losing any spot node never loses the attempt.
         entrypoint_num_cpus=request.worker.cpus if single_node else 0,
         entrypoint_num_gpus=request.worker.gpus if single_node else 0,
         entrypoint_memory_bytes=int(request.worker.memory_gb * 1024**3) if single_node else 0,
