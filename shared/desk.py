@@ -16,6 +16,7 @@ Messages and the pure parts (paging, what a hidden job's cost events keep). No I
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -120,12 +121,35 @@ REQUESTS_PER_S = 2.0
 submitter decides and keeps, cannot delay everyone else's."""
 
 
+ALLOWANCE_WHOLE_AFTER_S = REQUESTS_BURST / REQUESTS_PER_S
+"""A person's allowance is whole again after this long without a request: where the
+replicas keep allowances (a bucket), an entry is forgotten then."""
+
+
+def allowances_bucket(prefix: str) -> str:
+    """Where the submitter's replicas keep each person's allowance, so that a person's
+    share is theirs across replicas, not theirs from each."""
+    return f"{prefix}-allowances"
+
+
 @dataclass(frozen=True)
 class Allowance:
     """What is left of one person's requests (a token bucket), and when it was counted."""
 
     left: float
     at: float
+
+    def to_bytes(self) -> bytes:
+        return json.dumps({"left": self.left, "at": self.at}).encode()
+
+    @classmethod
+    def from_bytes(cls, raw: bytes | None) -> Allowance | None:
+        """None for what is not an allowance: a whole one is given then."""
+        try:
+            fields = json.loads(raw or b"")
+            return cls(left=float(fields["left"]), at=float(fields["at"]))
+        except (ValueError, TypeError, KeyError):
+            return None
 
 
 def take_request(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from contextlib import AsyncExitStack
 
 from services.submitter import metrics
+from services.submitter.adapters.desk_allowances import KvAllowances
 from services.submitter.adapters.kv_job_store import KvJobStore
 from services.submitter.adapters.pools_reader import KvPoolsReader
 from services.submitter.adapters.progress import StorageProgressReader
@@ -87,7 +88,9 @@ async def bootstrap(bus: EventBus, stack: AsyncExitStack) -> ServiceDefinition:
     ]
 
     # People with credentials of their own read jobs through the desk, never the bucket.
-    desk = RecordsDesk(bus, deps.store, teams, deps.ray)
+    # A person's share of requests is theirs across the replicas, not theirs from each.
+    allowances = await KvAllowances.open(js, bus.prefix)
+    desk = RecordsDesk(bus, deps.store, teams, deps.ray, allowances)
 
     return ServiceDefinition(
         name=SERVICE,

@@ -140,3 +140,12 @@ class TeamHoldStore(Protocol):
         ...
 
     async def publish_status(self, status: TeamsStatus) -> None: ...
+
+
+class RequestAllowances(Protocol):
+    """Each person's share of requests (`shared.desk.take_request`)."""
+
+    async def take(self, person: str) -> float | None:
+        """Count one request of `person`'s: None if it may go, else in how many seconds
+        one may."""
+        ...

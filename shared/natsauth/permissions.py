@@ -12,7 +12,13 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
 
-from shared.desk import DESK, desk_subject, desk_subjects, person_inbox_prefix
+from shared.desk import (
+    DESK,
+    allowances_bucket,
+    desk_subject,
+    desk_subjects,
+    person_inbox_prefix,
+)
 from shared.events import all_subjects, dlq_subject, subject_for, subject_matches
 from shared.events.data import (
     EventData,
@@ -57,6 +63,7 @@ class Bucket(StrEnum):
     WORKSPACES = "workspaces"
     UPLOADS = "uploads"
     REFUSALS = "refusals"
+    ALLOWANCES = "allowances"
 
 
 def replay_subjects(prefix: str) -> str:
@@ -92,6 +99,8 @@ class BusNames:
                 return uploads_bucket(self.prefix)
             case Bucket.REFUSALS:
                 return refusals_bucket(jobs_bucket(self.prefix))
+            case Bucket.ALLOWANCES:
+                return allowances_bucket(self.prefix)
 
     def kv_stream(self, bucket: Bucket) -> str:
         return f"KV_{self.bucket(bucket)}"
@@ -428,6 +437,7 @@ TABLE: tuple[RoleSpec, ...] = (
         WritesBucket(Bucket.JOBS),
         WritesBucket(Bucket.REFUSALS),
         WritesBucket(Bucket.TEAMS),
+        WritesBucket(Bucket.ALLOWANCES),  # each person's share of requests
         DeclaresObjects(Bucket.WORKSPACES),
         ReadsBucket(Bucket.POOLS, listing=False),  # prices and spend, for team budgets
         # The desk: what people read, it reads for them and answers in part; what they

@@ -13,8 +13,10 @@ import asyncio
 import structlog
 
 from services.scaler.adapters.kv_demand import KvDemandStore
+from services.submitter.adapters.desk_allowances import KvAllowances
 from services.submitter.adapters.kv_job_store import KvJobStore
 from services.submitter.adapters.team_holds import KvTeamHolds
+from shared.desk import allowances_bucket
 from shared.jobs import jobs_bucket, refusals_bucket
 from shared.logs import configure_logging
 from shared.messaging import BusSettings
@@ -34,6 +36,7 @@ async def declare(settings: BusSettings) -> None:
         await KvJobStore.open(js, jobs_bucket(bus.prefix))
         await KvDemandStore.open(js, pools_bucket(bus.prefix))
         await KvTeamHolds.open(js, teams_bucket(bus.prefix))
+        await KvAllowances.open(js, bus.prefix)
         await declare_stores(js, bus.prefix)
         buckets = [
             jobs_bucket(bus.prefix),
@@ -42,6 +45,7 @@ async def declare(settings: BusSettings) -> None:
             teams_bucket(bus.prefix),
             workspaces_bucket(bus.prefix),
             uploads_bucket(bus.prefix),
+            allowances_bucket(bus.prefix),
         ]
         log.info("jetstream.declared", stream=settings.stream, buckets=buckets)
     finally:

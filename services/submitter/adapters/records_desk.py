@@ -17,14 +17,14 @@ from nats.aio.msg import Msg
 from pydantic import ValidationError
 
 from services.submitter import policy
+from services.submitter.adapters.desk_allowances import ReplicaAllowances
 from services.submitter.adapters.desk_uploads import DeskUploads
-from services.submitter.ports import JobStore, RayJobs, TeamsSource
+from services.submitter.ports import JobStore, RayJobs, RequestAllowances, TeamsSource
 from shared.cost import COST_EVENTS
 from shared.desk import (
     ANSWER_LIMIT_BYTES,
     DESK,
     MOST_ASKS_PER_PERSON,
-    Allowance,
     Ask,
     DeskAnswer,
     DeskAsk,
@@ -38,7 +38,6 @@ from shared.desk import (
     hidden,
     page,
     replies_to_asker,
-    take_request,
     teams_status_for,
 )
 from shared.events import (
@@ -70,6 +69,7 @@ class RecordsDesk:
         store: JobStore,
         teams: TeamsSource | None,
         ray: RayJobs | None = None,
+        allowances: RequestAllowances | None = None,
     ) -> None:
         self._bus = bus
         self._ray = ray
@@ -79,7 +79,7 @@ class RecordsDesk:
         self._answering = asyncio.Semaphore(MOST_ASKS_AT_ONCE)
         self._tasks: set[asyncio.Task[None]] = set()
         self._in_flight: dict[str, int] = {}
-        self._allowances: dict[str, Allowance] = {}
+        self._allowances = allowances or ReplicaAllowances()
         self._uploads = DeskUploads(bus.client.jetstream(), bus.prefix)
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -192,10 +192,7 @@ class RecordsDesk:
     async def _submit(self, ask: DeskAsk, reader: str) -> DeskAnswer:
         """The request as `forward_request` decides it (the refused dead-lettered); past
         the person's share of requests, refused with when to send it again."""
-        now = asyncio.get_running_loop().time()
-        allowance, wait_s = take_request(self._allowances.get(reader), now)
-        self._allowances[reader] = allowance
-        if wait_s is not None:
+        if (wait_s := await self._allowances.take(reader)) is not None:
             return DeskAnswer(
                 refused=f"{reader} sent more requests than their share; send again in "
                 f"{wait_s:.1f} s",
