@@ -10,6 +10,10 @@ flood is alice's, all at once, for as long as bob's jobs are measured:
 Bob submits one job at a time through the desk, `--gpus 0`, and the figure is the time
 from his submit to the stream's `job.queued` for it (the median of `ROUNDS`).
 
+Job code (class job_code, where the stack can confine it: root): a job of alice's tries
+to read the stack's credentials, NATS store, bob's team's secret and the submitter's
+process, and to change the platform's code (`tests/security/job_code.py`).
+
 Goals (issue 32): attacks_succeeded_<class> 0; victim_job_delay_s_under_flood <= 2 s.
 
     python bench/security.py
@@ -35,7 +39,9 @@ from shared.desk import Ask, DeskAsk  # noqa: E402
 from shared.events import encode, new_event  # noqa: E402
 from shared.events.data import JobQueued, JobRequested  # noqa: E402
 from shared.events.types import Bundle  # noqa: E402
+from shared.localstack.confinement import can_confine  # noqa: E402
 from tests.security.attacks import ATTACKS, Arena  # noqa: E402
+from tests.security.job_code import refused, snoop  # noqa: E402
 from tests.security.world import arena_of, close_world, open_world  # noqa: E402
 
 ROUNDS = 5
@@ -132,6 +138,13 @@ async def main() -> None:
             async with arena_of(world) as arena:
                 print("attacks on the secure stack:")
                 tried, through = await attacks(arena)
+                if can_confine():
+                    seen = await asyncio.to_thread(snoop, world, Path(scratch))
+                    seen.pop("checkpoints")  # its own: the one thing it may write
+                    for name, what in sorted(seen.items()):
+                        tried["job_code"] += 1
+                        through["job_code"] += not refused(what)
+                        print(f"  {'job_code':16} {name:40} {what}")
                 bob = arena.client(arena.bob, "bob")
                 alice = arena.client(arena.alice, "alice")
                 quiet = await delays(bob, "quiet")

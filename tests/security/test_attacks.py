@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-import shared
 from shared.jobs import JobState
 from shared.localstack.confinement import can_confine
 from shared.localstack.processes import ProcessRecord, session_processes
@@ -19,6 +18,7 @@ from shared.localstack.settings import LocalStackSettings
 from shared.workspace import workspaces_bucket
 from tests.e2e.stack import spotrain
 from tests.security.attacks import ATTACKS, PREFIX, Arena, Attack
+from tests.security.job_code import refused, snoop
 from tests.security.world import BOBS_TEAM_SECRET, World
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -131,26 +131,6 @@ def test_job_code_finds_no_platform_credential_in_its_environment(
     assert "found: nothing" in logs.stdout, logs.stdout
 
 
-SNOOP = """
-import json, os, pathlib, sys
-tries = json.loads(sys.argv[1])
-seen = {}
-for name, path in tries["read"].items():
-    try:
-        p = pathlib.Path(path)
-        seen[name] = sorted(os.listdir(p)) if p.is_dir() else p.read_text()[:40]
-    except OSError as error:
-        seen[name] = f"refused {type(error).__name__}"
-for name, path in tries["write"].items():
-    try:
-        pathlib.Path(path).write_text("a job was here")
-        seen[name] = "written"
-    except OSError as error:
-        seen[name] = f"refused {type(error).__name__}"
-print("seen:", json.dumps(seen, sort_keys=True))
-"""
-
-
 @pytest.mark.skipif(not can_confine(), reason="confining job code takes root and unshare")
 def test_job_code_cannot_read_the_stacks_files_nor_change_its_code(
     world: World, tmp_path: Path
@@ -159,50 +139,10 @@ def test_job_code_cannot_read_the_stacks_files_nor_change_its_code(
     role's NATS credentials, the NATS store, bob's team's secret, the submitter's process
     (its environment), and tries to change the platform's code. All of it is out of reach,
     while its own checkpoint folder is still its own to write."""
-    submitter = ProcessRecord.load(world.home / "run" / "submitter.json")
-    assert submitter is not None
-    project = Path(shared.__file__).resolve().parent.parent
-    planted = project / "shared" / "planted_by_a_job.py"
-    settings = LocalStackSettings(home=world.home)
-    tries = {
-        "read": {
-            "credentials": str(world.home / "nats-auth"),
-            "nats-store": str(world.home / "nats"),
-            "team-secret": world.env["SPOTRAIN_SUBMITTER_SECRETS_DIR"] + "/nlp/hf-token",
-            "submitter-env": f"/proc/{submitter.pid}/environ",
-            "submitter-root": f"/proc/{submitter.pid}/root/",
-        },
-        "write": {
-            "platform-code": str(planted),
-            "checkpoints": str(settings.checkpoint_dir / "alice-snoop" / "mine.txt"),
-        },
-    }
-    workdir = tmp_path / "snoop"
-    workdir.mkdir()
-    (workdir / "snoop.py").write_text(SNOOP)
-    (settings.checkpoint_dir / "alice-snoop").mkdir(parents=True, exist_ok=True)
-    try:
-        submitted = spotrain(
-            world.people["alice"], "submit", "snoop.py", "--workdir", str(workdir),
-            "--job-id", "alice-snoop", "--gpus", "0", "--cpus", "1", "--wait",
-            "--", json.dumps(tries), timeout_s=240,
-        )  # fmt: skip
-        assert submitted.returncode == 0, submitted.stderr + submitted.stdout
-        assert not planted.exists()
-    finally:
-        planted.unlink(missing_ok=True)
-    logs = spotrain(world.people["alice"], "logs", "alice-snoop")
-    [line] = [line for line in logs.stdout.splitlines() if line.startswith("seen: ")]
-    seen = json.loads(line.removeprefix("seen: "))
+    seen = snoop(world, tmp_path)
     assert seen.pop("checkpoints") == "written"
-    got_through = {name: what for name, what in seen.items() if not _refused(what)}
-    assert got_through == {}
+    assert {name: what for name, what in seen.items() if not refused(what)} == {}
     assert (world.home / "nats-auth" / "nats-server.conf").is_file()  # there, but hidden
-
-
-def _refused(what: object) -> bool:
-    """Refused outright, or shown an empty folder in place of the stack's."""
-    return what == [] or (isinstance(what, str) and what.startswith("refused "))
 
 
 @pytest.mark.skipif(not can_confine(), reason="confining job code takes root and unshare")
