@@ -46,7 +46,7 @@ def timed(argv: list[str], env: dict[str, str], cwd: Path) -> float:
 
 async def store_jobs(settings: LocalStackSettings, count: int) -> None:
     """`count` finished jobs, as the submitter would have left them."""
-    client = await nats.connect(settings.nats_url)
+    client = await nats.connect(settings.nats_servers)
     try:
         bucket = await client.jetstream().key_value(jobs_bucket("spotrain"))
         now = datetime.now(UTC)
@@ -73,7 +73,7 @@ async def store_jobs(settings: LocalStackSettings, count: int) -> None:
 
 async def job_ended(settings: LocalStackSettings, job_id: str, timeout_s: float = 120) -> None:
     """Until the job's record says it ended (it is watched, not polled)."""
-    client = await nats.connect(settings.nats_url)
+    client = await nats.connect(settings.nats_servers)
     try:
         bucket = await client.jetstream().key_value(jobs_bucket("spotrain"))
         watcher = await bucket.watch(job_id)

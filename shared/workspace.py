@@ -175,14 +175,16 @@ def workspaces_bucket(prefix: str) -> str:
     return f"{prefix}-workspaces"
 
 
-async def declare_stores(js: JetStreamContext, prefix: str) -> None:
+async def declare_stores(js: JetStreamContext, prefix: str, *, replicas: int = 1) -> None:
     """The workspace stores, declared by their writer (the submitter) at start: never on
     first use, by whoever comes first with a configuration of their own."""
     for bucket, max_age in (
         (workspaces_bucket(prefix), 0.0),
         (uploads_bucket(prefix), UPLOADS_MAX_AGE_S),
     ):
-        config = ObjectStoreConfig(bucket=bucket, storage=StorageType.FILE, ttl=max_age or None)
+        config = ObjectStoreConfig(
+            bucket=bucket, storage=StorageType.FILE, ttl=max_age or None, replicas=replicas
+        )
         await js.create_object_store(bucket, config=config)
 
 

@@ -46,7 +46,9 @@ async def bootstrap(bus: EventBus, stack: AsyncExitStack) -> ServiceDefinition:
     if not isinstance(bus, JetStreamBus):
         msg = "the scaler keeps its demand in JetStream; it needs the JetStream bus"
         raise TypeError(msg)
-    bucket = await KvDemandStore.open(bus.client.jetstream(), pools_bucket(bus.prefix))
+    bucket = await KvDemandStore.open(
+        bus.client.jetstream(), pools_bucket(bus.prefix), replicas=bus.replicas
+    )
     markets: dict[str, LocalMarket] = {}
     if settings.provider == "local":
         local = LocalStackSettings(home=settings.local_home)

@@ -41,16 +41,23 @@ async def bootstrap(bus: EventBus, stack: AsyncExitStack) -> ServiceDefinition:
     metrics.declare()
     js = bus.client.jetstream()
     # Declared by their writer at start, never on first use by whoever comes first.
-    await declare_stores(js, bus.prefix)
+    await declare_stores(js, bus.prefix, replicas=bus.replicas)
     # A bad teams file stops the start here, with its one line; once running, a bad edit
     # is refused and the last valid teams stay (TeamsFile).
     teams = TeamsFile(settings.teams_file) if settings.teams_file is not None else None
-    holds = await KvTeamHolds.open(js, teams_bucket(bus.prefix)) if teams is not None else None
+    holds = (
+        await KvTeamHolds.open(js, teams_bucket(bus.prefix), replicas=bus.replicas)
+        if teams is not None
+        else None
+    )
     deps = Deps(
         bus=bus,
         clock=SystemClock(),
         store=await KvJobStore.open(
-            js, jobs_bucket(bus.prefix), refusals_max_age_s=settings.refused_records_max_age_s
+            js,
+            jobs_bucket(bus.prefix),
+            replicas=bus.replicas,
+            refusals_max_age_s=settings.refused_records_max_age_s,
         ),
         ray=RayJobSubmission(settings.ray_address),
         workspaces=ObjectStoreWorkspaces(js, settings.workspace_cache_dir),
@@ -89,7 +96,7 @@ async def bootstrap(bus: EventBus, stack: AsyncExitStack) -> ServiceDefinition:
 
     # People with credentials of their own read jobs through the desk, never the bucket.
     # A person's share of requests is theirs across the replicas, not theirs from each.
-    allowances = await KvAllowances.open(js, bus.prefix)
+    allowances = await KvAllowances.open(js, bus.prefix, replicas=bus.replicas)
     desk = RecordsDesk(bus, deps.store, teams, deps.ray, allowances)
 
     return ServiceDefinition(

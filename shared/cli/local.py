@@ -49,12 +49,25 @@ def up(
             "preempted with a notice when its count drops. Repeatable.",
         ),
     ] = None,
+    nats_cluster: Annotated[
+        int | None,
+        typer.Option(
+            "--nats-cluster",
+            metavar="N",
+            min=1,
+            max=5,
+            help="N NATS servers in one JetStream cluster on loopback: the stream and every "
+            "bucket kept on three of them (or N, if fewer), so losing one loses nothing.",
+        ),
+    ] = None,
 ) -> None:
     """Start the local stack: NATS JetStream, a Ray head, the four services."""
     markets = _spot_markets(spot_market or [])
     env = LocalStackSettings()  # a flag turns a setting on; without it the environment decides
     settings = LocalStackSettings(
-        secure=secure or env.secure, prometheus=prometheus or env.prometheus
+        secure=secure or env.secure,
+        prometheus=prometheus or env.prometheus,
+        nats_servers=nats_cluster or env.nats_servers,
     )
     statuses = stack.up(
         settings, progress=lambda line: err.print(f"[dim]{line}[/dim]"), markets=markets

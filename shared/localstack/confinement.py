@@ -77,6 +77,7 @@ def jobs_confinement(
     the checkpoint root writable wherever it lies."""
     home = settings.home.resolve()
     hidden = [home / name for name in PRIVATE_FOLDERS]
+    hidden += [server.store_dir.resolve() for server in settings.nats]  # a cluster's, each
     hidden.append(secrets_dir.resolve())
     users_own = (user_home / ".spotrain").resolve()
     if not home.is_relative_to(users_own):

@@ -3,12 +3,40 @@
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 Port = int
+
+
+SINGLE_SERVER_NAME = "spotrain-local"
+STORE_SERVERS_FILE = "servers"
+"""In the first server's store folder: how many servers made the store."""
+CLUSTER_NAME = "spotrain-local"
+
+
+@dataclass(frozen=True)
+class NatsServerPorts:
+    """One NATS server of the stack: its name, ports and store."""
+
+    name: str
+    client_port: Port
+    monitor_port: Port
+    route_port: Port | None
+    """None for a server of its own, in no cluster."""
+    store_dir: Path
+
+    @property
+    def component(self) -> str:
+        """Its name among the stack's processes: `nats`, then `nats-2`, `nats-3`."""
+        return (
+            "nats"
+            if self.name in (SINGLE_SERVER_NAME, f"{SINGLE_SERVER_NAME}-1")
+            else (f"nats-{self.name.rsplit('-', 1)[1]}")
+        )
 
 
 class LocalStackSettings(BaseSettings):
@@ -19,6 +47,13 @@ class LocalStackSettings(BaseSettings):
     host: str = "127.0.0.1"
     nats_port: Port = Field(4222, gt=0, lt=65536)
     nats_monitor_port: Port = Field(8222, gt=0, lt=65536)
+    nats_servers: int | None = Field(None, ge=1, le=5)
+    """NATS servers in one JetStream cluster (`spotrain up --nats-cluster 3`), routed on
+    loopback: the stream and every bucket then keep `replicas` copies, one per server.
+    Unset: as many as made the stack's store (`nats/servers`), else one."""
+    nats_cluster_port_base: Port = Field(6222, gt=0, lt=65000)
+    """Three ports per server of a cluster: its route, and past the first server, its client
+    and monitor ports (the first keeps `nats_port` and `nats_monitor_port`)."""
     ray_gcs_port: Port = Field(6380, gt=0, lt=10002)
     """Kept below Ray's worker port range (10002-19999)."""
     ray_dashboard_port: Port = Field(8265, gt=0, lt=10002)
@@ -49,13 +84,65 @@ class LocalStackSettings(BaseSettings):
         }
         return {
             "SPOTRAIN_LOCAL_HOME": str(self.home),
+            # Only when given: unset, the other process reads the store as this one does.
+            **(
+                {"SPOTRAIN_LOCAL_NATS_SERVERS": str(self.nats_servers)}
+                if self.nats_servers is not None
+                else {}
+            ),
             **{f"SPOTRAIN_LOCAL_{name.upper()}": str(value) for name, value in ports.items()},
             "SPOTRAIN_NATS_URL": self.nats_url,
         }
 
     @property
     def nats_url(self) -> str:
-        return f"nats://{self.host}:{self.nats_port}"
+        """Every server's address: a client follows the cluster through the loss of one."""
+        return ",".join(f"nats://{self.host}:{server.client_port}" for server in self.nats)
+
+    @property
+    def nats(self) -> list[NatsServerPorts]:
+        """The NATS servers of the stack, the first on `nats_port`."""
+        if self.nats_server_count == 1:
+            return [
+                NatsServerPorts(
+                    name=SINGLE_SERVER_NAME,
+                    client_port=self.nats_port,
+                    monitor_port=self.nats_monitor_port,
+                    route_port=None,
+                    store_dir=self.home / "nats",
+                )
+            ]
+        servers = []
+        for index in range(self.nats_server_count):
+            base = self.nats_cluster_port_base + 3 * index
+            servers.append(
+                NatsServerPorts(
+                    name=f"{SINGLE_SERVER_NAME}-{index + 1}",
+                    client_port=self.nats_port if index == 0 else base + 1,
+                    monitor_port=self.nats_monitor_port if index == 0 else base + 2,
+                    route_port=base,
+                    store_dir=self.home / ("nats" if index == 0 else f"nats-{index + 1}"),
+                )
+            )
+        return servers
+
+    @property
+    def replicas(self) -> int:
+        """Copies of the stream and of each bucket: one per server, three at most."""
+        return min(self.nats_server_count, 3)
+
+    @property
+    def nats_server_count(self) -> int:
+        return self.nats_servers or self.store_made_by or 1
+
+    @property
+    def store_made_by(self) -> int | None:
+        """How many servers made the stack's NATS store, as it says (None: no store yet)."""
+        first = self.home / "nats"
+        marker = first / STORE_SERVERS_FILE
+        if marker.is_file():
+            return int(marker.read_text())
+        return 1 if (first / "jetstream").exists() else None  # made before the store said
 
     @property
     def dashboard_url(self) -> str:
@@ -98,10 +185,6 @@ class LocalStackSettings(BaseSettings):
         return self.secure or (self.nats_auth_dir / "nats-server.conf").exists()
 
     @property
-    def nats_store_dir(self) -> Path:
-        return self.home / "nats"
-
-    @property
     def prometheus_url(self) -> str:
         return f"http://{self.host}:{self.prometheus_port}"
 
@@ -132,4 +215,5 @@ def isolated_stack(home: Path) -> LocalStackSettings:
         # The services serve on base+1 to base+4 (the Slack bot, when run, on base+5).
         service_port_base=free_port_block(8),
         prometheus_port=free_port(),
+        nats_cluster_port_base=free_port_block(15),
     )

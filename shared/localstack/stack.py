@@ -37,7 +37,13 @@ from shared.localstack.processes import (
     tail,
 )
 from shared.localstack.ray_nodes import NodePorts, node_env, node_temp_dir, ray_binary
-from shared.localstack.settings import LocalStackSettings
+from shared.localstack.settings import (
+    CLUSTER_NAME,
+    SINGLE_SERVER_NAME,
+    STORE_SERVERS_FILE,
+    LocalStackSettings,
+    NatsServerPorts,
+)
 from shared.messaging.settings import BusSettings
 from shared.natsauth import NatsConfig, write_nats_config
 from shared.spot_traces import SpotMarketOption
@@ -47,6 +53,11 @@ SERVICES = ("submitter", "scaler", "preemption_watcher", "checkpointer")
 
 class StackError(RuntimeError):
     """A failure the user can act on; the message says how."""
+
+    def __init__(self, message: str, *, exit_code: int = 1) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+        """2 when what was asked contradicts the stack (a usage error), as for a bad flag."""
 
 
 class State(StrEnum):
@@ -89,6 +100,7 @@ def components(settings: LocalStackSettings) -> list[Component]:
     base_env = {
         **os.environ,
         "SPOTRAIN_NATS_URL": s.nats_url,
+        "SPOTRAIN_REPLICAS": str(s.replicas),
         "SPOTRAIN_RAY_ADDRESS": s.dashboard_url,
         "SPOTRAIN_RAY_GCS_ADDRESS": s.gcs_address,
         "SPOTRAIN_LOCAL_HOME": str(s.home),
@@ -102,32 +114,7 @@ def components(settings: LocalStackSettings) -> list[Component]:
         **ray_auth_env(s),
     }
     auth = nats_auth(s) if s.is_secure else None
-    nats = Component(
-        name="nats",
-        argv=[
-            nats_server_binary(),
-            "--jetstream",
-            "--store_dir",
-            str(s.nats_store_dir),
-            "--addr",
-            s.host,
-            "--port",
-            str(s.nats_port),
-            "--http_port",
-            str(s.nats_monitor_port),
-            # On a secure stack the name is in the configuration: a reload (new people)
-            # refuses a name that the flag set and the file does not say.
-            *(auth.server_argv if auth else ["--server_name", NATS_SERVER_NAME]),
-        ],
-        env=base_env,
-        ports=(
-            Port(s.nats_port, "SPOTRAIN_LOCAL_NATS_PORT"),
-            Port(s.nats_monitor_port, "SPOTRAIN_LOCAL_NATS_MONITOR_PORT"),
-        ),
-        health_url=f"http://{s.host}:{s.nats_monitor_port}/healthz?js-enabled-only=true",
-        endpoint=s.nats_url,
-        stop_grace_s=5,
-    )
+    nats = [nats_component(s, server, auth, base_env) for server in s.nats]
     head_argv = [
         ray_binary(),
         "start",
@@ -200,7 +187,7 @@ def components(settings: LocalStackSettings) -> list[Component]:
                 stop_grace_s=25,
             )
         )
-    parts = [nats, ray_head, *services]
+    parts = [*nats, ray_head, *services]
     if _runs_prometheus(s):
         parts.append(
             Component(
@@ -275,7 +262,8 @@ def up(
     """Start whatever part of the stack is not running and wait until all of it is healthy.
     `markets`: spot pools that follow a trace (see `shared.localstack.market`), read by the
     scaler as it starts; a later `up` without them keeps them."""
-    for directory in (settings.run_dir, settings.log_dir, settings.nats_store_dir):
+    _check_nats_store(settings)
+    for directory in (settings.run_dir, settings.log_dir, *(n.store_dir for n in settings.nats)):
         directory.mkdir(parents=True, exist_ok=True)
     parts = components(settings)
     to_start = [c for c in parts if _running_record(settings, c) is None]
@@ -292,9 +280,12 @@ def up(
         prometheus.write_config(settings, SERVICES)
     started: list[ProcessRecord] = []
     try:
+        # The bus first (a cluster's servers all at once: none is healthy alone), then
+        # what uses it.
+        servers = {server.component for server in settings.nats}
         first, rest = (
-            [c for c in to_start if c.name == "nats"],
-            [c for c in to_start if c.name != "nats"],
+            [c for c in to_start if c.name in servers],
+            [c for c in to_start if c.name not in servers],
         )
         for batch in (first, rest):
             records = [_start(settings, c) for c in batch]
@@ -407,7 +398,89 @@ def status(settings: LocalStackSettings) -> list[ComponentStatus]:
     return result
 
 
-NATS_SERVER_NAME = "spotrain-local"
+NATS_SERVER_NAME = SINGLE_SERVER_NAME
+
+
+def nats_component(
+    settings: LocalStackSettings,
+    server: NatsServerPorts,
+    auth: NatsConfig | None,
+    env: Mapping[str, str],
+) -> Component:
+    """One NATS server of the stack: a server of its own, or a member of its cluster, with
+    a configuration of its own (its name, its routes) that takes in the secure stack's."""
+    s = settings
+    if server.route_port is None:
+        config_argv = auth.server_argv if auth else ["--server_name", NATS_SERVER_NAME]
+    else:
+        config_argv = ["--config", str(_write_cluster_config(s, server, auth))]
+    first = server.client_port == s.nats_port
+    ports = (
+        (Port(s.nats_port, "SPOTRAIN_LOCAL_NATS_PORT"),
+         Port(s.nats_monitor_port, "SPOTRAIN_LOCAL_NATS_MONITOR_PORT"))
+        if first
+        else (Port(server.client_port, "SPOTRAIN_LOCAL_NATS_CLUSTER_PORT_BASE"),
+              Port(server.monitor_port, "SPOTRAIN_LOCAL_NATS_CLUSTER_PORT_BASE"))
+    )  # fmt: skip
+    routes = (
+        (Port(server.route_port, "SPOTRAIN_LOCAL_NATS_CLUSTER_PORT_BASE"),)
+        if server.route_port is not None
+        else ()
+    )
+    # A member is healthy once the cluster has a JetStream leader; a server of its own,
+    # once JetStream is on.
+    health = "/healthz" if server.route_port is not None else "/healthz?js-enabled-only=true"
+    return Component(
+        name=server.component,
+        argv=[
+            nats_server_binary(),
+            "--jetstream",
+            "--store_dir",
+            str(server.store_dir),
+            "--addr",
+            s.host,
+            "--port",
+            str(server.client_port),
+            "--http_port",
+            str(server.monitor_port),
+            # On a secure stack the name is in the configuration: a reload (new people)
+            # refuses a name that the flag set and the file does not say.
+            *config_argv,
+        ],
+        env=dict(env),
+        ports=(*ports, *routes),
+        health_url=f"http://{s.host}:{server.monitor_port}{health}",
+        endpoint=f"nats://{s.host}:{server.client_port}",
+        stop_grace_s=5,
+    )
+
+
+def _write_cluster_config(
+    settings: LocalStackSettings, server: NatsServerPorts, auth: NatsConfig | None
+) -> Path:
+    """A member's own configuration: its name and routes, after the secure stack's users
+    (a later key wins in NATS's configuration, so its name is its own)."""
+    others = [
+        f'"nats-route://{settings.host}:{other.route_port}"'
+        for other in settings.nats
+        if other.name != server.name
+    ]
+    lines = [
+        *([f'include "{auth.server_config.name}"'] if auth else []),
+        f'server_name: "{server.name}"',
+        "cluster {",
+        f'  name: "{CLUSTER_NAME}"',
+        f'  listen: "{settings.host}:{server.route_port}"',
+        f"  routes: [{', '.join(others)}]",
+        "}",
+        "",
+    ]
+    # Beside the secure stack's configuration, which it includes by a relative name.
+    folder = auth.directory if auth else settings.run_dir
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{server.component}.conf"
+    path.write_text("\n".join(lines), encoding="utf-8")
+    return path
 
 
 def nats_auth(settings: LocalStackSettings) -> NatsConfig:
@@ -441,13 +514,32 @@ def ray_auth_headers(settings: LocalStackSettings) -> dict[str, str]:
 
 
 def reload_nats(settings: LocalStackSettings) -> bool:
-    """Have the stack's NATS server read its configuration again (new users, their
-    permissions), as `nats-server --signal reload` does; False if it is not running."""
-    record = ProcessRecord.load(_pid_file(settings, "nats"))
-    if record is None or not is_running(record):
-        return False
-    os.kill(record.pid, signal.SIGHUP)
-    return True
+    """Have the stack's NATS servers read their configuration again (new users, their
+    permissions), as `nats-server --signal reload` does; False if none is running."""
+    reloaded = False
+    for server in settings.nats:
+        record = ProcessRecord.load(_pid_file(settings, server.component))
+        if record is not None and is_running(record):
+            os.kill(record.pid, signal.SIGHUP)
+            reloaded = True
+    return reloaded
+
+
+def _check_nats_store(settings: LocalStackSettings) -> None:
+    """A store made by one server cannot be a cluster's, nor the other way round: say so
+    rather than start servers that never agree."""
+    made_by, wanted = settings.store_made_by, settings.nats_server_count
+    first = settings.nats[0].store_dir
+    if made_by is not None and made_by != wanted:
+        msg = (
+            f"this stack's NATS store ({first}) was made by {made_by} server(s), not "
+            f"{wanted}: start it as it was (--nats-cluster {made_by}, or "
+            f"SPOTRAIN_LOCAL_NATS_SERVERS={made_by}), or `spotrain down` and remove its "
+            "nats* folders to start afresh"
+        )
+        raise StackError(msg, exit_code=2)
+    first.mkdir(parents=True, exist_ok=True)
+    (first / STORE_SERVERS_FILE).write_text(str(wanted))
 
 
 def _pid_file(settings: LocalStackSettings, name: str) -> Path:

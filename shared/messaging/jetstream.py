@@ -8,12 +8,12 @@ import re
 import secrets
 import ssl
 import time
-from collections.abc import AsyncGenerator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Self, TypeVar
 
 import nats.errors
 import nats.js.errors
@@ -68,6 +68,35 @@ class BusUnavailableError(RuntimeError):
 
 class BusAuthenticationError(RuntimeError):
     """The NATS server refused the connection's user, password or credentials."""
+
+
+T = TypeVar("T")
+
+READ_UNAVAILABLE_TRIES = 25
+"""Fetches a read retries while its consumer has no responder (about 5 s)."""
+
+
+class BusSettingsError(RuntimeError):
+    """The cluster cannot do what the settings ask (more replicas than servers): the
+    message names the setting to change."""
+
+
+TOO_FEW_SERVERS = (10023, 10074)
+"""JetStream's error codes when no set of servers can hold the copies asked for: a
+cluster's "insufficient resources", a single server's "replicas > 1 not supported"."""
+CLUSTER_UNAVAILABLE = 10008
+"""JetStream's error code while its cluster has no leader: 'temporarily unavailable'."""
+
+
+def _cluster_busy(error: nats.js.errors.APIError) -> bool:
+    return error.err_code == CLUSTER_UNAVAILABLE or error.code == 503
+
+
+def _too_many_replicas(replicas: int, error: nats.js.errors.APIError) -> str:
+    return (
+        f"SPOTRAIN_REPLICAS={replicas}: the NATS cluster cannot keep that many copies "
+        f"({error.description}); set it to the number of JetStream servers or fewer"
+    )
 
 
 class Refused(StrEnum):
@@ -225,6 +254,7 @@ class JetStreamBus:
         """The last error while connecting the first time: says why it is taking so long."""
         self._refused: asyncio.Future[Any] | None = None
         """Set when the first connection is refused and `refused_is_final` says to stop."""
+        self._refusals = 0
 
     @classmethod
     async def connect(cls, settings: BusSettings, *, name: str) -> Self:
@@ -243,7 +273,8 @@ class JetStreamBus:
         # max_reconnect_attempts=-1; the deadline bounds it.
         connecting: asyncio.Future[Any] = asyncio.ensure_future(
             bus._nc.connect(
-                settings.nats_url,
+                # Every server of a cluster: the client moves to another when one goes.
+                settings.nats_servers,
                 name=name,
                 user_credentials=settings.nats_creds_file,
                 user=settings.nats_user,
@@ -326,6 +357,11 @@ class JetStreamBus:
         return self._settings.subject_prefix
 
     @property
+    def replicas(self) -> int:
+        """Copies of the stream and of each bucket and store (`BusSettings.replicas`)."""
+        return self._settings.replicas
+
+    @property
     def is_connected(self) -> bool:
         return self._nc.is_connected
 
@@ -347,17 +383,37 @@ class JetStreamBus:
             max_msg_size=s.stream_max_msg_bytes,
             discard=DiscardPolicy.OLD,
             duplicate_window=s.duplicate_window_s,
-            num_replicas=s.stream_replicas,
+            num_replicas=s.replicas,
         )
         doing = f"declare the stream {s.stream}"
+        deadline = time.monotonic() + s.connect_timeout_s
         async with self.permission_checked(doing, subject="$JS.API.STREAM.>"):
-            try:
-                await self._js.stream_info(s.stream)
-            except nats.js.errors.NotFoundError:
-                await self._js.add_stream(config)
-                log.info("stream.created", stream=s.stream)
-            else:
-                await self._js.update_stream(config)
+            while True:
+                try:
+                    await self._declare(config)
+                except nats.js.errors.APIError as error:
+                    if error.err_code in TOO_FEW_SERVERS:
+                        raise BusSettingsError(_too_many_replicas(s.replicas, error)) from None
+                    if not _cluster_busy(error) or time.monotonic() > deadline:
+                        raise
+                except nats.errors.TimeoutError:
+                    # A cluster electing its JetStream leader answers nothing meanwhile;
+                    # an answer lost on the way leaves the stream made: looked up again.
+                    if time.monotonic() > deadline:
+                        raise
+                else:
+                    return
+                await asyncio.sleep(0.5)
+
+    async def _declare(self, config: StreamConfig) -> None:
+        name = self._settings.stream
+        try:
+            await self._js.stream_info(name)
+        except nats.js.errors.NotFoundError:
+            await self._js.add_stream(config)
+            log.info("stream.created", stream=name, replicas=config.num_replicas)
+        else:
+            await self._js.update_stream(config)
 
     async def close(self) -> None:
         """Flush what is buffered and close; in-flight handlers must have finished."""
@@ -507,12 +563,29 @@ class JetStreamBus:
         async with self.permission_checked(doing, subject="$JS.API.CONSUMER.>"):
             return await self._read(subject, after_seq)
 
+    async def _through_failover(self, call: Callable[..., Awaitable[T]], *args: Any) -> T:
+        """A JetStream API call, again while the cluster answers nothing or 503: a stream
+        whose leader's server was lost elects another within seconds. Up to
+        `publish_timeout_s`, as a publish waits through a server's restart."""
+        deadline = time.monotonic() + self._settings.publish_timeout_s
+        while True:
+            try:
+                return await call(*args)
+            except (nats.errors.TimeoutError, nats.js.errors.ServiceUnavailableError):
+                if time.monotonic() > deadline:
+                    raise
+            except nats.js.errors.APIError as error:
+                if not _cluster_busy(error) or time.monotonic() > deadline:
+                    raise
+            await asyncio.sleep(0.5)
+
     async def _read(self, subject: str, after_seq: int = 0) -> list[StoredMessage]:
         # A consumer of its own for this read, deleted after it: polling readers must not
         # leave ephemeral consumers behind until the server's limit is reached.
         name = f"read-{secrets.token_hex(6)}"
         stream = self._settings.stream
-        created = await self._js.add_consumer(
+        created = await self._through_failover(
+            self._js.add_consumer,
             stream,
             ConsumerConfig(
                 name=name,
@@ -523,6 +596,10 @@ class JetStreamBus:
                 opt_start_seq=after_seq + 1 if after_seq > 0 else None,
                 ack_policy=AckPolicy.NONE,
                 inactive_threshold=30,
+                # One copy, in memory, on the stream's leader: a read lives for seconds,
+                # and a replicated consumer waits for a leader of its own first.
+                mem_storage=True,
+                num_replicas=1,
             ),
         )
         stored: list[StoredMessage] = []
@@ -532,11 +609,20 @@ class JetStreamBus:
             # trip to ask it (a read of the cost ledger makes a dozen of these at once).
             pending = created.num_pending or 0
             try:
+                unavailable = 0
                 while pending:
                     try:
                         batch = await psub.fetch(min(pending, 1000), timeout=2)
                     except (nats.errors.TimeoutError, TimeoutError):
                         break
+                    except nats.js.errors.ServiceUnavailableError:
+                        # No responder yet: a cluster still placing the consumer (or
+                        # electing the stream's leader after a server's loss).
+                        unavailable += 1
+                        if unavailable > READ_UNAVAILABLE_TRIES:
+                            raise
+                        await asyncio.sleep(0.2)
+                        continue
                     stored.extend(
                         StoredMessage(
                             seq=m.metadata.sequence.stream,
@@ -722,10 +808,14 @@ class JetStreamBus:
             return
         if self._authentication_failed is not None:
             self._connect_error = error
+        if isinstance(error, ConnectionRefusedError):
+            self._refusals += 1
+        # Final once every server of the list refused (one of a cluster may be down).
         if (
             isinstance(error, ConnectionRefusedError)
             and self._refused is not None
             and not self._refused.done()
+            and self._refusals >= len(self._settings.nats_servers)
         ):
             self._refused.set_result(error)
         if _is_authentication_failure(error):

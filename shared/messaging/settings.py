@@ -7,7 +7,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Self
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import AliasChoices, Field, SecretStr, model_validator
 from pydantic_settings import (
     BaseSettings,
     DotEnvSettingsSource,
@@ -41,7 +41,9 @@ def default_stream_name(prefix: str) -> str:
 class BusSettings(BaseSettings):
     """Connection and stream settings shared by every service and client."""
 
-    model_config = SettingsConfigDict(env_prefix="SPOTRAIN_", extra="ignore", frozen=True)
+    model_config = SettingsConfigDict(
+        env_prefix="SPOTRAIN_", extra="ignore", frozen=True, populate_by_name=True
+    )
 
     nats_url: str = Field(
         "nats://127.0.0.1:4222",
@@ -69,7 +71,15 @@ class BusSettings(BaseSettings):
     """Long enough to replay a month of events after an incident."""
     stream_max_bytes: int = Field(8 * 1024**3, gt=0)
     stream_max_msg_bytes: int = Field(1024**2, gt=0)
-    stream_replicas: int = Field(1, ge=1, le=5)
+    replicas: int = Field(
+        1,
+        ge=1,
+        le=5,
+        validation_alias=AliasChoices("SPOTRAIN_REPLICAS", "SPOTRAIN_STREAM_REPLICAS"),
+    )
+    """Copies of the stream and of every bucket and store, each on its own server: at most
+    the cluster's servers. 3 survives the loss of one server of three, and a write is
+    acknowledged once two of them hold it; 1 is a single server's."""
     duplicate_window_s: float = Field(120, gt=0)
     connect_timeout_s: float = Field(30, gt=0)
     """How long to keep trying the first connection before giving up."""
@@ -90,6 +100,11 @@ class BusSettings(BaseSettings):
             msg = "nats_tls_cert_file and nats_tls_key_file go together"
             raise ValueError(msg)
         return self
+
+    @property
+    def nats_servers(self) -> list[str]:
+        """`nats_url` as the servers it lists."""
+        return self.nats_url.split(",")
 
     @property
     def stream(self) -> str:

@@ -21,7 +21,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from shared.logs import configure_logging
 from shared.messaging import BusSettings, EventBus, Subscription
 from shared.messaging.delivery import declare_dead_letters
-from shared.messaging.jetstream import JetStreamBus
+from shared.messaging.jetstream import BusSettingsError, JetStreamBus
 from shared.messaging.metrics import BUS_CONNECTED
 from shared.runtime.http import start_http_endpoint
 from shared.setting_errors import setting_error_line
@@ -203,4 +203,8 @@ def run(
         print(f"{name}: error: {setting_error_line(error)}", file=sys.stderr)  # before logging
         raise SystemExit(2) from None
     configure_logging(json=runtime.log_json, level=runtime.log_level)
-    asyncio.run(serve(name, bootstrap, bus_settings=bus_settings, runtime=runtime))
+    try:
+        asyncio.run(serve(name, bootstrap, bus_settings=bus_settings, runtime=runtime))
+    except BusSettingsError as error:
+        print(f"{name}: error: {error}", file=sys.stderr)
+        raise SystemExit(2) from None

@@ -647,7 +647,7 @@ def test_rendered_settings_say_what_the_values_say(
 
     bus = BusSettings()
     assert bus.nats_url == "nats://nats.nats.svc.cluster.local:4222"
-    assert bus.stream_replicas == 3
+    assert bus.replicas == 3
     assert bus.nats_creds_file == "/var/run/secrets/spotrain/nats/nats.creds"
 
 

@@ -43,7 +43,9 @@ async def test_hook_declares_what_the_services_then_open_unchanged(
     declaration accept them as they are (a differing configuration would be refused)."""
     # The test's server asks for no credentials (the chart's credentials have tests of
     # their own).
-    rendered = helm.render(sets={**REQUIRED_SETS, "natsCredentials.enabled": "false"})
+    rendered = helm.render(
+        sets={**REQUIRED_SETS, "natsCredentials.enabled": "false", "bus.replicas": "1"}
+    )
     (job,) = kinds(rendered, "Job")
     prefix = f"t{uuid.uuid4().hex[:8]}"
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPOTRAIN_")}
@@ -87,3 +89,20 @@ def test_hook_fails_loudly_when_nats_is_unreachable(minimal: list[Manifest]) -> 
     result = _run_hook(job, env)
     assert result.returncode != 0
     assert "cannot reach NATS" in result.stderr
+
+
+def test_hook_refuses_more_copies_than_the_cluster_has_servers_in_one_line(
+    minimal: list[Manifest], nats_server: NatsServer
+) -> None:
+    """The chart's default, three copies, against a single server: the install fails with
+    one line naming the setting, not a hang or a traceback."""
+    (job,) = kinds(minimal, "Job")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPOTRAIN_")}
+    env |= env_of(job["spec"]["template"]["spec"]["containers"][0])
+    env |= {"SPOTRAIN_NATS_URL": nats_server.url, "SPOTRAIN_SUBJECT_PREFIX": "tcopies"}
+    env.pop("SPOTRAIN_NATS_CREDS_FILE", None)
+    result = _run_hook(job, env)
+    assert result.returncode != 0
+    [line] = [line for line in result.stderr.splitlines() if "error" in line]
+    assert line.startswith("jetstream-setup: error: SPOTRAIN_REPLICAS=3: ")
+    assert "Traceback" not in result.stderr

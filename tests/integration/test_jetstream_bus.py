@@ -12,7 +12,7 @@ from shared.events.data import JobRequested
 from shared.localstack.nats_server import NatsServer
 from shared.localstack.ports import free_port
 from shared.messaging import BusSettings, Subscription
-from shared.messaging.jetstream import BusUnavailableError, JetStreamBus
+from shared.messaging.jetstream import BusSettingsError, BusUnavailableError, JetStreamBus
 from shared.messaging.settings import ClientBusSettings
 from tests.async_helpers import consuming, eventually
 from tests.events import job_requested
@@ -45,6 +45,18 @@ async def test_changed_settings_update_the_existing_stream(bus_settings: BusSett
         finally:
             await bus.close()
     assert info.config.max_age == 90 * 86_400
+
+
+async def test_more_replicas_than_servers_is_one_clear_error_naming_the_setting(
+    bus_settings: BusSettings,
+) -> None:
+    """A single server asked for three copies: refused at once, not a hang."""
+    bus = await JetStreamBus.connect(bus_settings.model_copy(update={"replicas": 3}), name="t")
+    try:
+        with pytest.raises(BusSettingsError, match=r"^SPOTRAIN_REPLICAS=3: the NATS cluster"):
+            await asyncio.wait_for(bus.ensure_stream(), timeout=10)
+    finally:
+        await bus.close()
 
 
 async def test_connecting_to_no_server_fails_with_a_clear_error() -> None:

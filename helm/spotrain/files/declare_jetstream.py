@@ -20,7 +20,7 @@ from shared.desk import allowances_bucket
 from shared.jobs import jobs_bucket, refusals_bucket
 from shared.logs import configure_logging
 from shared.messaging import BusSettings
-from shared.messaging.jetstream import JetStreamBus
+from shared.messaging.jetstream import BusSettingsError, JetStreamBus
 from shared.pools import pools_bucket
 from shared.teams import teams_bucket
 from shared.workspace import declare_stores, uploads_bucket, workspaces_bucket
@@ -33,11 +33,11 @@ async def declare(settings: BusSettings) -> None:
     try:
         await bus.ensure_stream()
         js = bus.client.jetstream()
-        await KvJobStore.open(js, jobs_bucket(bus.prefix))
-        await KvDemandStore.open(js, pools_bucket(bus.prefix))
-        await KvTeamHolds.open(js, teams_bucket(bus.prefix))
-        await KvAllowances.open(js, bus.prefix)
-        await declare_stores(js, bus.prefix)
+        await KvJobStore.open(js, jobs_bucket(bus.prefix), replicas=bus.replicas)
+        await KvDemandStore.open(js, pools_bucket(bus.prefix), replicas=bus.replicas)
+        await KvTeamHolds.open(js, teams_bucket(bus.prefix), replicas=bus.replicas)
+        await KvAllowances.open(js, bus.prefix, replicas=bus.replicas)
+        await declare_stores(js, bus.prefix, replicas=bus.replicas)
         buckets = [
             jobs_bucket(bus.prefix),
             refusals_bucket(jobs_bucket(bus.prefix)),
@@ -54,7 +54,11 @@ async def declare(settings: BusSettings) -> None:
 
 def main() -> None:
     configure_logging(json=True, level="info")
-    asyncio.run(declare(BusSettings()))
+    try:
+        asyncio.run(declare(BusSettings()))
+    except BusSettingsError as error:
+        # One line, naming the setting: the Job's log is where an operator looks.
+        raise SystemExit(f"jetstream-setup: error: {error}") from None
 
 
 if __name__ == "__main__":

@@ -30,9 +30,9 @@ class KvDemandStore:
         self._bucket = bucket
 
     @classmethod
-    async def open(cls, js: JetStreamContext, bucket: str) -> Self:
+    async def open(cls, js: JetStreamContext, bucket: str, *, replicas: int = 1) -> Self:
         kv = await js.create_key_value(
-            KeyValueConfig(bucket=bucket, history=1, storage=StorageType.FILE)
+            KeyValueConfig(bucket=bucket, history=1, storage=StorageType.FILE, replicas=replicas)
         )
         return cls(js, kv, bucket)
 

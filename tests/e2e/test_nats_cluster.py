@@ -1,0 +1,170 @@
+"""A local stack on a three-server NATS cluster (`spotrain up --nats-cluster 3`): the stream
+and every bucket and store kept on all three. One server is killed (SIGKILL) while jobs
+run and events are published, then brought back, then another is killed: every job ends
+as its code says, once, and every event the cluster acknowledged is still there."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from shared.localstack.processes import ProcessRecord
+from shared.localstack.settings import LocalStackSettings, isolated_stack
+from shared.messaging import BusSettings
+from shared.messaging.dead_letters import MSG_ID
+from shared.messaging.jetstream import JetStreamBus
+from tests.async_helpers import eventually
+from tests.e2e.stack import spotrain
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+MARKS = "spotrain.chaos.mark"
+"""Events of this test's own, on a subject no service reads: counted, never handled."""
+SLEEPER = "import sys, time; time.sleep(float(sys.argv[1])); print('slept')"
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStackSettings]:
+    home = tmp_path_factory.mktemp("cluster") / "stack"
+    settings = isolated_stack(home).model_copy(update={"nats_servers": 3})
+    env = {**os.environ, **settings.environment(), "SPOTRAIN_SCALER_IDLE_TIMEOUT_S": "300"}
+    up = spotrain(env, "up", "--nats-cluster", "3", timeout_s=180)
+    if up.returncode != 0:
+        spotrain(env, "down")
+        pytest.fail(f"spotrain up --nats-cluster 3: {up.stderr}{up.stdout}")
+    try:
+        yield settings
+    finally:
+        spotrain(env, "down")
+
+
+def env_of(settings: LocalStackSettings) -> dict[str, str]:
+    return {**os.environ, **settings.environment()}
+
+
+@pytest.fixture
+async def bus(cluster: LocalStackSettings) -> AsyncIterator[JetStreamBus]:
+    settings = BusSettings(nats_url=cluster.nats_url, replicas=3, publish_timeout_s=30)
+    bus = await JetStreamBus.connect(settings, name="chaos")
+    yield bus
+    await bus.close()
+
+
+async def test_the_stream_and_every_bucket_are_on_three_servers(bus: JetStreamBus) -> None:
+    js = bus.client.jetstream()
+    streams = {info.config.name: info for info in await js.streams_info()}
+    assert {"SPOTRAIN", "KV_spotrain-jobs", "KV_spotrain-pools", "OBJ_spotrain-workspaces"} <= (
+        set(streams)
+    )
+    for name, info in streams.items():
+        assert info.config.num_replicas == 3, name
+        assert info.cluster is not None
+        assert len(info.cluster.replicas or []) == 2, name  # besides the leader
+
+
+async def publish_marks(bus: JetStreamBus, first: int, count: int) -> set[str]:
+    """Publish `count` marks; the ids the cluster acknowledged."""
+    acknowledged = set()
+    for n in range(first, first + count):
+        mark = f"mark-{n}"
+        await bus.publish_raw(MARKS, mark.encode(), {MSG_ID: mark})
+        acknowledged.add(mark)
+    return acknowledged
+
+
+async def stored_marks(bus: JetStreamBus) -> set[str]:
+    return {message.data.decode() for message in await bus.read(MARKS)}
+
+
+def server_pid(cluster: LocalStackSettings, server_name: str) -> int:
+    [server] = [s for s in cluster.nats if s.name == server_name]
+    record = ProcessRecord.load(cluster.run_dir / f"{server.component}.json")
+    assert record is not None
+    return record.pid
+
+
+async def leader_of_the_stream(bus: JetStreamBus) -> str:
+    info = await bus.client.jetstream().stream_info("SPOTRAIN")
+    assert info.cluster is not None
+    assert info.cluster.leader is not None
+    return info.cluster.leader
+
+
+def submit(cluster: LocalStackSettings, job_id: str, seconds: float, *, wait: bool) -> None:
+    submitted = spotrain(
+        env_of(cluster), "submit", "python", "--job-id", job_id, "--gpus", "0", "--cpus", "1",
+        *(["--wait"] if wait else []), "--", "-c", SLEEPER, str(seconds), timeout_s=300,
+    )  # fmt: skip
+    assert submitted.returncode == 0, submitted.stderr + submitted.stdout
+
+
+def job(cluster: LocalStackSettings, job_id: str) -> dict[str, object]:
+    shown = spotrain(env_of(cluster), "show", job_id, "-o", "json")
+    assert shown.returncode == 0, shown.stderr
+    found: dict[str, object] = json.loads(shown.stdout)
+    return found
+
+
+async def test_losing_one_server_loses_no_job_and_no_acknowledged_event(
+    cluster: LocalStackSettings, bus: JetStreamBus
+) -> None:
+    acknowledged = await publish_marks(bus, 0, 100)
+    await asyncio.to_thread(submit, cluster, "before-the-loss", 20, wait=False)
+
+    # The stream's leader goes, as a VM does: no goodbye.
+    lost = await leader_of_the_stream(bus)
+    os.kill(server_pid(cluster, lost), signal.SIGKILL)
+    acknowledged |= await publish_marks(bus, 100, 100)
+    # A job asked for while the server is down runs and ends as its code says.
+    await asyncio.to_thread(submit, cluster, "during-the-loss", 1, wait=True)
+
+    async def before_ended() -> bool:
+        record = await asyncio.to_thread(job, cluster, "before-the-loss")
+        return record["state"] in ("succeeded", "failed", "cancelled")
+
+    await eventually(before_ended, timeout_s=180, interval_s=1)
+    for job_id in ("before-the-loss", "during-the-loss"):
+        record = await asyncio.to_thread(job, cluster, job_id)
+        assert record["state"] == "succeeded", record
+        assert len(record["attempts"]) == 1, f"{job_id} ran more than once: {record}"  # type: ignore[arg-type]
+    assert acknowledged <= await stored_marks(bus)
+
+    # Back again, it catches up; then another goes, and what the first missed is still
+    # held twice.
+    up = await asyncio.to_thread(spotrain, env_of(cluster), "up", timeout_s=180)
+    assert up.returncode == 0, up.stderr
+
+    async def caught_up() -> bool:
+        info = await bus.client.jetstream().stream_info("SPOTRAIN")
+        peers = (info.cluster.replicas if info.cluster else None) or []
+        return len(peers) == 2 and all(p.current for p in peers)
+
+    await eventually(caught_up, timeout_s=60, interval_s=0.5)
+    other = next(s.name for s in cluster.nats if s.name != lost)
+    os.kill(server_pid(cluster, other), signal.SIGKILL)
+    assert acknowledged <= await stored_marks(bus)
+    record = await asyncio.to_thread(job, cluster, "during-the-loss")
+    assert record["state"] == "succeeded"
+    up = await asyncio.to_thread(spotrain, env_of(cluster), "up", timeout_s=180)
+    assert up.returncode == 0, up.stderr
+
+
+def test_a_store_made_by_one_server_is_not_started_as_a_cluster(
+    cluster: LocalStackSettings, tmp_path: Path
+) -> None:
+    home = tmp_path / "single"
+    settings = isolated_stack(home)
+    (home / "nats" / "jetstream").mkdir(parents=True)
+    started = spotrain(
+        {**os.environ, **settings.environment()}, "up", "--nats-cluster", "3", timeout_s=30
+    )
+    assert started.returncode == 2, started.stdout + started.stderr
+    [line] = started.stderr.strip().splitlines()
+    assert "was made by 1 server(s), not 3" in line
+    assert "--nats-cluster 1" in line
