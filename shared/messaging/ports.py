@@ -65,3 +65,36 @@ class EventBus(EventPublisher, Protocol):
     async def read(self, subject: str) -> list[StoredMessage]:
         """Every stored message on `subject` (wildcards allowed), oldest first."""
         ...
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One key's value as a bucket holds it, and the revision that compare-and-set names."""
+
+    key: str
+    value: bytes
+    revision: int
+
+
+class KeyValue(Protocol):
+    """A bucket of keys, each written by compare-and-set: NATS KV, or its in-memory twin."""
+
+    async def get(self, key: str) -> Entry | None:
+        """The key's latest value; None if it has none (never set, deleted or expired)."""
+        ...
+
+    async def create(self, key: str, value: bytes) -> int | None:
+        """Set a key that has no value; its revision, or None if it has one already."""
+        ...
+
+    async def update(self, key: str, value: bytes, *, revision: int) -> int | None:
+        """Set the key if `revision` is still its latest; the new revision, else None."""
+        ...
+
+    async def delete(self, key: str, *, revision: int | None = None) -> bool:
+        """Delete the key (if `revision` is still its latest, when given); False if not."""
+        ...
+
+    async def entries(self) -> list[Entry]:
+        """Every key's latest value, the deleted left out."""
+        ...

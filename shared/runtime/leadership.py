@@ -1,0 +1,101 @@
+"""One replica's side of a leader lease (`shared.leases`) on a `KeyValue` bucket: it takes,
+renews and releases the lease, and says whether this replica may act now and for which
+term."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+
+import structlog
+
+from shared.leases import LeaseRecord, LeaseTimes, Move, Sighting, decide, leads, read_record
+from shared.messaging.ports import KeyValue
+
+log = structlog.get_logger()
+
+
+class LeaderLease:
+    def __init__(
+        self,
+        kv: KeyValue,
+        name: str,
+        holder: str,
+        *,
+        times: LeaseTimes | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._kv = kv
+        self.name = name
+        self.holder = holder
+        self.times = times or LeaseTimes()
+        self._clock = clock
+        self._sighting: Sighting | None = None
+        self._renewed_at: float | None = None
+        self._revision: int | None = None
+        self._term: int | None = None
+        self.leader: str | None = None
+        """Who holds the lease, as last read (this replica or another); None if nobody."""
+
+    @property
+    def leading(self) -> bool:
+        """Whether this replica may act now: it holds the lease and renewed it in time."""
+        return leads(self._renewed_at, self._clock(), self.times)
+
+    @property
+    def term(self) -> int | None:
+        """The fencing token of this replica's writes while it leads; None otherwise."""
+        return self._term if self.leading else None
+
+    async def step(self) -> bool:
+        """Read the lease and take or renew it as `shared.leases.decide` says; whether this
+        replica leads after it."""
+        started = self._clock()  # a renewal counts from before it was asked for
+        current = await self._kv.get(self.name)
+        decision = decide(current, self._sighting, me=self.holder, now=started, times=self.times)
+        self._sighting = decision.sighting
+        if decision.move is Move.WAIT:
+            self._lost()
+            self.leader = (read_record(current) or LeaseRecord(holder=None, term=1)).holder
+            return False
+        value = LeaseRecord(holder=self.holder, term=decision.term).model_dump_json().encode()
+        if current is None:
+            revision = await self._kv.create(self.name, value)
+        else:
+            revision = await self._kv.update(self.name, value, revision=current.revision)
+        if revision is None:
+            self._lost()  # another replica wrote first: it leads, this one reads again
+            return False
+        if decision.move is Move.TAKE or self._term != decision.term:
+            log.info("lease.taken", lease=self.name, holder=self.holder, term=decision.term)
+        self._renewed_at, self._revision, self._term = started, revision, decision.term
+        self._sighting = Sighting(revision, started)
+        self.leader = self.holder
+        return self.leading
+
+    async def release(self) -> None:
+        """Hand the lease over at once (a clean stop): no holder, the same term."""
+        if self._revision is None or self._term is None:
+            return
+        value = LeaseRecord(holder=None, term=self._term).model_dump_json().encode()
+        released = await self._kv.update(self.name, value, revision=self._revision)
+        if released is not None:
+            log.info("lease.released", lease=self.name, holder=self.holder, term=self._term)
+        self._lost()
+
+    async def keep(self, stop: asyncio.Event) -> None:
+        """Take and renew until `stop` is set, then release."""
+        try:
+            while not stop.is_set():
+                await self.step()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), timeout=self.times.renew_every_s)
+        finally:
+            await self.release()
+
+    def _lost(self) -> None:
+        if self._term is not None:
+            log.info("lease.lost", lease=self.name, holder=self.holder, term=self._term)
+        self._renewed_at = self._revision = self._term = None

@@ -1,0 +1,95 @@
+"""The key-value port (`shared.messaging.ports.KeyValue`): NATS JetStream's bucket and the
+in-memory twin keep the same contract, compare-and-set on the revision above all."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import pytest
+
+from shared.messaging.jetstream import JetStreamBus
+from shared.messaging.kv_store import InMemoryKeyValue, JetStreamKeyValue
+from shared.messaging.ports import KeyValue
+
+
+@pytest.fixture
+async def jetstream_kv(jetstream_bus: JetStreamBus) -> KeyValue:
+    return await JetStreamKeyValue.declare(
+        jetstream_bus.client.jetstream(), f"t{uuid.uuid4().hex[:8]}"
+    )
+
+
+@pytest.fixture(params=["memory", "jetstream"])
+def kv(request: pytest.FixtureRequest) -> KeyValue:
+    if request.param == "memory":
+        return InMemoryKeyValue()
+    found: KeyValue = request.getfixturevalue("jetstream_kv")
+    return found
+
+
+async def test_create_sets_a_key_once(kv: KeyValue) -> None:
+    revision = await kv.create("lease.scaler", b"a")
+    assert revision is not None
+    assert await kv.create("lease.scaler", b"b") is None
+    entry = await kv.get("lease.scaler")
+    assert entry is not None
+    assert (entry.value, entry.revision) == (b"a", revision)
+    assert await kv.get("nothing") is None
+
+
+async def test_update_needs_the_latest_revision(kv: KeyValue) -> None:
+    first = await kv.create("k", b"1")
+    assert first is not None
+    second = await kv.update("k", b"2", revision=first)
+    assert second is not None
+    assert second > first
+    assert await kv.update("k", b"stale", revision=first) is None
+    entry = await kv.get("k")
+    assert entry is not None
+    assert entry.value == b"2"
+    assert await kv.update("absent", b"x", revision=first) is None
+
+
+async def test_delete_with_a_revision_is_compare_and_set_too(kv: KeyValue) -> None:
+    first = await kv.create("k", b"1")
+    assert first is not None
+    second = await kv.update("k", b"2", revision=first)
+    assert second is not None
+    assert not await kv.delete("k", revision=first)
+    assert await kv.get("k") is not None
+    assert await kv.delete("k", revision=second)
+    assert await kv.get("k") is None
+    # Deleted, the key can be created again, at a later revision.
+    again = await kv.create("k", b"3")
+    assert again is not None
+    assert again > second
+
+
+async def test_entries_are_each_keys_latest_the_deleted_left_out(kv: KeyValue) -> None:
+    for key in ("a", "b", "c"):
+        assert await kv.create(key, key.encode()) is not None
+    b = await kv.get("b")
+    assert b is not None
+    assert await kv.update("b", b"b2", revision=b.revision) is not None
+    assert await kv.delete("c")
+    assert sorted((e.key, e.value) for e in await kv.entries()) == [("a", b"a"), ("b", b"b2")]
+
+
+async def test_writers_at_once_lose_no_write(kv: KeyValue) -> None:
+    """Twenty writers each add one to a counter, reading again whenever they lose a race:
+    the counter ends at twenty."""
+    assert await kv.create("counter", b"0") is not None
+
+    async def add_one() -> None:
+        while True:
+            entry = await kv.get("counter")
+            assert entry is not None
+            value = str(int(entry.value) + 1).encode()
+            if await kv.update("counter", value, revision=entry.revision) is not None:
+                return
+
+    await asyncio.gather(*(add_one() for _ in range(20)))
+    entry = await kv.get("counter")
+    assert entry is not None
+    assert entry.value == b"20"
