@@ -26,6 +26,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from shared.messaging.ports import Entry
 
 
+def leases_bucket(prefix: str) -> str:
+    """Where each service's replicas keep its lease (one key per service)."""
+    return f"{prefix}-leases"
+
+
 class LeaseRecord(BaseModel):
     """What the bucket holds for one lease."""
 

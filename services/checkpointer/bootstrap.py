@@ -42,5 +42,12 @@ async def bootstrap(bus: EventBus, stack: AsyncExitStack) -> ServiceDefinition:
     return ServiceDefinition(
         name=SERVICE,
         subscriptions=[Subscription(service=SERVICE, routes=bind_routes(SUBSCRIPTIONS, deps))],
-        tickers=[Ticker(name="moves", interval_s=settings.move_review_interval_s, tick=review)],
+        tickers=[
+            Ticker(
+                name="moves",
+                interval_s=settings.move_review_interval_s,
+                tick=review,
+                leader_only=True,  # a move asked for once
+            )
+        ],
     )

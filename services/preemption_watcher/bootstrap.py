@@ -39,7 +39,8 @@ def _watch(source: SignalSource, deps: Deps) -> Watch:
     async def run(stop: asyncio.Event) -> None:
         await relay(source, deps, stop)
 
-    return Watch(name=f"source-{source.name}", run=run)
+    # One replica follows each source: a notice is said once.
+    return Watch(name=f"source-{source.name}", run=run, leader_only=True)
 
 
 def _source(

@@ -84,8 +84,19 @@ async def bootstrap(bus: EventBus, stack: AsyncExitStack) -> ServiceDefinition:
         name=SERVICE,
         subscriptions=[Subscription(service=SERVICE, routes=bind_routes(SUBSCRIPTIONS, deps))],
         tickers=[
-            Ticker(name="reconcile", interval_s=settings.reconcile_interval_s, tick=tick),
-            Ticker(name="cost-meter", interval_s=settings.cost_meter_interval_s, tick=measure),
+            # Resizes happen once: by the replica that holds the scaler's lease.
+            Ticker(
+                name="reconcile",
+                interval_s=settings.reconcile_interval_s,
+                tick=tick,
+                leader_only=True,
+            ),
+            Ticker(
+                name="cost-meter",
+                interval_s=settings.cost_meter_interval_s,
+                tick=measure,
+                leader_only=True,
+            ),
         ],
         watches=[Watch(name="cost-events", run=follow)],
     )

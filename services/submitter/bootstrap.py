@@ -90,8 +90,20 @@ async def bootstrap(bus: EventBus, stack: AsyncExitStack) -> ServiceDefinition:
 
     # Quota frees for owners as for teams: waiting jobs are looked at with or without one.
     tickers = [
-        Ticker(name="track-attempts", interval_s=settings.track_interval_s, tick=track),
-        Ticker(name="admit-waiting", interval_s=settings.track_interval_s, tick=give_quota),
+        # Submissions to Ray and admissions from the queue, once: by the lease's holder.
+        # Requests are shared by every replica through the durable consumer.
+        Ticker(
+            name="track-attempts",
+            interval_s=settings.track_interval_s,
+            tick=track,
+            leader_only=True,
+        ),
+        Ticker(
+            name="admit-waiting",
+            interval_s=settings.track_interval_s,
+            tick=give_quota,
+            leader_only=True,
+        ),
     ]
 
     # People with credentials of their own read jobs through the desk, never the bucket.

@@ -49,6 +49,18 @@ def up(
             "preempted with a notice when its count drops. Repeatable.",
         ),
     ] = None,
+    replicas: Annotated[
+        int | None,
+        typer.Option(
+            "--replicas",
+            metavar="N",
+            min=1,
+            max=3,
+            help="N replicas of each service: requests are shared, and the work done once "
+            "(resizes, resumes, submissions to Ray) by the replica holding its service's "
+            "lease; another takes over within seconds of its loss.",
+        ),
+    ] = None,
     nats_cluster: Annotated[
         int | None,
         typer.Option(
@@ -68,6 +80,7 @@ def up(
         secure=secure or env.secure,
         prometheus=prometheus or env.prometheus,
         nats_servers=nats_cluster or env.nats_servers,
+        service_replicas=replicas or env.service_replicas,
     )
     statuses = stack.up(
         settings, progress=lambda line: err.print(f"[dim]{line}[/dim]"), markets=markets
@@ -241,6 +254,7 @@ def _print_statuses(statuses: list[stack.ComponentStatus], output: Output = Outp
     columns = [
         Column("component"),
         Column("state", style=_STATE_COLOURS.get),
+        Column("leads", priority=1),
         Column("endpoint", priority=1),
         Column("pid", priority=2),
     ]
@@ -248,13 +262,20 @@ def _print_statuses(statuses: list[stack.ComponentStatus], output: Output = Outp
         {
             "component": s.name,
             "state": str(s.state),
+            "leads": {True: "yes", False: "-", None: ""}[s.leads],
             "pid": str(s.pid or "-"),
             "endpoint": s.endpoint,
         }
         for s in statuses
     ]
     as_json = [
-        {"component": s.name, "state": str(s.state), "pid": s.pid, "endpoint": s.endpoint}
+        {
+            "component": s.name,
+            "state": str(s.state),
+            "leads": s.leads,
+            "pid": s.pid,
+            "endpoint": s.endpoint,
+        }
         for s in statuses
     ]
     print_table(columns, rows, output, as_json)

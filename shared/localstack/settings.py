@@ -13,6 +13,8 @@ Port = int
 
 
 SINGLE_SERVER_NAME = "spotrain-local"
+REPLICAS_FILE = "replicas"
+"""In the run folder: how many replicas of each service the running stack has."""
 STORE_SERVERS_FILE = "servers"
 """In the first server's store folder: how many servers made the store."""
 CLUSTER_NAME = "spotrain-local"
@@ -62,7 +64,12 @@ class LocalStackSettings(BaseSettings):
     """The head's own node ports (agent, node manager, ...): a block of 64, so that two
     stacks on one machine do not both take Ray's default agent port."""
     service_port_base: Port = Field(9460, gt=0, lt=65000)
-    """Services serve /metrics and /healthz on base+1 (submitter) to base+4."""
+    """Services serve /metrics and /healthz on base+1 (submitter) to base+4; a second
+    replica of each on base+11 to base+14, a third on base+21 to base+24."""
+    service_replicas: int | None = Field(None, ge=1, le=3)
+    """Replicas of each service (`spotrain up --replicas 2`): the work that must happen once
+    is done by the one that holds the service's lease. Unset: as the running stack was
+    started (`run/replicas`), else one."""
     start_timeout_s: float = Field(60, gt=0)
     secure: bool = False
     """One NATS user per component with only the subjects it needs (`spotrain up --secure`).
@@ -88,6 +95,11 @@ class LocalStackSettings(BaseSettings):
             **(
                 {"SPOTRAIN_LOCAL_NATS_SERVERS": str(self.nats_servers)}
                 if self.nats_servers is not None
+                else {}
+            ),
+            **(
+                {"SPOTRAIN_LOCAL_SERVICE_REPLICAS": str(self.service_replicas)}
+                if self.service_replicas is not None
                 else {}
             ),
             **{f"SPOTRAIN_LOCAL_{name.upper()}": str(value) for name, value in ports.items()},
@@ -130,6 +142,13 @@ class LocalStackSettings(BaseSettings):
     def replicas(self) -> int:
         """Copies of the stream and of each bucket: one per server, three at most."""
         return min(self.nats_server_count, 3)
+
+    @property
+    def replica_count(self) -> int:
+        if self.service_replicas is not None:
+            return self.service_replicas
+        started = self.run_dir / REPLICAS_FILE
+        return int(started.read_text()) if started.is_file() else 1
 
     @property
     def nats_server_count(self) -> int:
@@ -213,7 +232,7 @@ def isolated_stack(home: Path) -> LocalStackSettings:
         ray_client_port=free_port_below(10_000),
         ray_head_port_base=free_port_block(64),
         # The services serve on base+1 to base+4 (the Slack bot, when run, on base+5).
-        service_port_base=free_port_block(8),
+        service_port_base=free_port_block(32),
         prometheus_port=free_port(),
         nats_cluster_port_base=free_port_block(15),
     )

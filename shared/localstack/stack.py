@@ -24,6 +24,9 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
 
+import nats.errors
+
+from shared.leases import leases_bucket, read_record
 from shared.localstack import prometheus
 from shared.localstack.confinement import confinement_for
 from shared.localstack.market import MARKET_FILE, market_config
@@ -39,16 +42,21 @@ from shared.localstack.processes import (
 from shared.localstack.ray_nodes import NodePorts, node_env, node_temp_dir, ray_binary
 from shared.localstack.settings import (
     CLUSTER_NAME,
+    REPLICAS_FILE,
     SINGLE_SERVER_NAME,
     STORE_SERVERS_FILE,
     LocalStackSettings,
     NatsServerPorts,
 )
+from shared.messaging.jetstream import JetStreamBus
+from shared.messaging.kv_store import JetStreamKeyValue
 from shared.messaging.settings import BusSettings
 from shared.natsauth import NatsConfig, write_nats_config
 from shared.spot_traces import SpotMarketOption
 
 SERVICES = ("submitter", "scaler", "preemption_watcher", "checkpointer")
+REPLICA_PORT_STEP = 10
+"""How far a service's next replica's port is from the one before."""
 
 
 class StackError(RuntimeError):
@@ -92,6 +100,9 @@ class ComponentStatus:
     state: State
     pid: int | None
     endpoint: str
+    leads: bool | None = None
+    """A service's replica: whether it holds its service's lease; None for the rest, or
+    when the bus could not say."""
 
 
 def components(settings: LocalStackSettings) -> list[Component]:
@@ -167,26 +178,30 @@ def components(settings: LocalStackSettings) -> list[Component]:
         stop_grace_s=3,
     )
     services = []
-    for offset, service in enumerate(SERVICES, start=1):
-        port = s.service_port_base + offset
-        prefix = f"SPOTRAIN_{service.upper()}_"
-        services.append(
-            Component(
-                name=service,
-                argv=[sys.executable, "-m", f"services.{service}"],
-                env={
-                    **base_env,
-                    **(auth.env(service) if auth else {}),
-                    f"{prefix}HTTP_HOST": s.host,
-                    f"{prefix}HTTP_PORT": str(port),
-                    f"{prefix}LOG_JSON": "true",
-                },
-                ports=(Port(port, "SPOTRAIN_LOCAL_SERVICE_PORT_BASE"),),
-                health_url=f"http://{s.host}:{port}/healthz",
-                endpoint=f"http://{s.host}:{port}/metrics",
-                stop_grace_s=25,
+    for replica in range(1, s.replica_count + 1):
+        for offset, service in enumerate(SERVICES, start=1):
+            port = s.service_port_base + offset + REPLICA_PORT_STEP * (replica - 1)
+            prefix = f"SPOTRAIN_{service.upper()}_"
+            name = service if replica == 1 else f"{service}-{replica}"
+            services.append(
+                Component(
+                    name=name,
+                    argv=[sys.executable, "-m", f"services.{service}"],
+                    env={
+                        **base_env,
+                        **(auth.env(service) if auth else {}),
+                        f"{prefix}HTTP_HOST": s.host,
+                        f"{prefix}HTTP_PORT": str(port),
+                        f"{prefix}LOG_JSON": "true",
+                        # Its name in the service's lease: `spotrain status` says who leads.
+                        f"{prefix}REPLICA": name,
+                    },
+                    ports=(Port(port, "SPOTRAIN_LOCAL_SERVICE_PORT_BASE"),),
+                    health_url=f"http://{s.host}:{port}/healthz",
+                    endpoint=f"http://{s.host}:{port}/metrics",
+                    stop_grace_s=25,
+                )
             )
-        )
     parts = [*nats, ray_head, *services]
     if _runs_prometheus(s):
         parts.append(
@@ -263,6 +278,7 @@ def up(
     `markets`: spot pools that follow a trace (see `shared.localstack.market`), read by the
     scaler as it starts; a later `up` without them keeps them."""
     _check_nats_store(settings)
+    _check_replicas(settings)
     for directory in (settings.run_dir, settings.log_dir, *(n.store_dir for n in settings.nats)):
         directory.mkdir(parents=True, exist_ok=True)
     parts = components(settings)
@@ -379,7 +395,12 @@ def _bus_as_scaler(settings: LocalStackSettings) -> BusSettings:
 
 def status(settings: LocalStackSettings) -> list[ComponentStatus]:
     result = []
-    for component in components(settings):
+    parts = components(settings)
+    running = [
+        c for c in parts if c.name.split("-")[0] in SERVICES and _running_record(settings, c)
+    ]
+    holders = _lease_holders(settings) if running else {}
+    for component in parts:
         record = _running_record(settings, component)
         if record is None:
             state = State.STOPPED
@@ -393,9 +414,49 @@ def status(settings: LocalStackSettings) -> list[ComponentStatus]:
                 state=state,
                 pid=record.pid if record else None,
                 endpoint=component.endpoint,
+                leads=_leads(component.name, holders) if record else None,
             )
         )
     return result
+
+
+def _service_of(component: str) -> str | None:
+    """The service a component is a replica of (`scaler`, `scaler-2`), or None."""
+    service, _, replica = component.partition("-")
+    return service if service in SERVICES and (not replica or replica.isdigit()) else None
+
+
+def _leads(component: str, holders: Mapping[str, str | None]) -> bool | None:
+    service = _service_of(component)
+    if service is None or service not in holders:
+        return None
+    return holders[service] == component
+
+
+def _lease_holders(settings: LocalStackSettings) -> dict[str, str | None]:
+    """Who holds each service's lease, as the bucket says; empty if the bus does not answer
+    within a few seconds (status must not hang on a stack half up)."""
+
+    async def read() -> dict[str, str | None]:
+        bus = await JetStreamBus.connect(_bus_as_scaler(settings), name="status")
+        try:
+            kv = JetStreamKeyValue(
+                bus.client.jetstream(),
+                await bus.client.jetstream().key_value(leases_bucket(bus.prefix)),
+                leases_bucket(bus.prefix),
+            )
+            holders: dict[str, str | None] = {}
+            for service in SERVICES:
+                record = read_record(await kv.get(service))
+                holders[service] = record.holder if record else None
+            return holders
+        finally:
+            await bus.close()
+
+    try:
+        return asyncio.run(asyncio.wait_for(read(), timeout=5))
+    except (OSError, TimeoutError, RuntimeError, nats.errors.Error):
+        return {}
 
 
 NATS_SERVER_NAME = SINGLE_SERVER_NAME
@@ -523,6 +584,25 @@ def reload_nats(settings: LocalStackSettings) -> bool:
             os.kill(record.pid, signal.SIGHUP)
             reloaded = True
     return reloaded
+
+
+def _check_replicas(settings: LocalStackSettings) -> None:
+    """A running stack keeps its replicas: `down` first to change them."""
+    started = settings.run_dir / REPLICAS_FILE
+    running = int(started.read_text()) if started.is_file() else None
+    wanted = settings.replica_count
+    if (
+        running is not None
+        and running != wanted
+        and any(_running_record(settings, c) is not None for c in components(settings))
+    ):
+        msg = (
+            f"the stack runs {running} replica(s) of each service, not {wanted}: "
+            f"`spotrain down` first, then `spotrain up --replicas {wanted}`"
+        )
+        raise StackError(msg, exit_code=2)
+    settings.run_dir.mkdir(parents=True, exist_ok=True)
+    started.write_text(str(wanted))
 
 
 def _check_nats_store(settings: LocalStackSettings) -> None:

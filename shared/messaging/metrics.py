@@ -25,3 +25,8 @@ BUS_CONNECTED = Gauge(
     "1 while the service is connected to NATS.",
     ["service"],
 )
+SERVICE_LEADING = Gauge(
+    "spotrain_service_leading",
+    "1 while this replica holds its service's lease and does the work that must happen once.",
+    ["service", "replica"],
+)

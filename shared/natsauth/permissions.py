@@ -48,6 +48,7 @@ from shared.events.data import (
     PoolResizeRequested,
 )
 from shared.jobs import jobs_bucket, refusals_bucket
+from shared.leases import leases_bucket
 from shared.messaging.settings import Role
 from shared.pools import pools_bucket
 from shared.teams import teams_bucket
@@ -64,6 +65,7 @@ class Bucket(StrEnum):
     UPLOADS = "uploads"
     REFUSALS = "refusals"
     ALLOWANCES = "allowances"
+    LEASES = "leases"
 
 
 def replay_subjects(prefix: str) -> str:
@@ -101,6 +103,8 @@ class BusNames:
                 return refusals_bucket(jobs_bucket(self.prefix))
             case Bucket.ALLOWANCES:
                 return allowances_bucket(self.prefix)
+            case Bucket.LEASES:
+                return leases_bucket(self.prefix)
 
     def kv_stream(self, bucket: Bucket) -> str:
         return f"KV_{self.bucket(bucket)}"
@@ -260,6 +264,24 @@ class AsksDesk:
         return [Rule(desk_subject(names.prefix, self.person), why)]
 
 
+@dataclass(frozen=True)
+class HoldsLease:
+    """Takes, renews and releases its service's lease (`shared.leases`): its own key of
+    the leases bucket, which every service may declare."""
+
+    service: str
+
+    def rules(self, names: BusNames, durables: Sequence[str]) -> list[Rule]:
+        bucket = names.bucket(Bucket.LEASES)
+        stream = names.kv_stream(Bucket.LEASES)
+        why = f"holds the {self.service} lease, so that one replica does the work done once"
+        return [
+            Rule(f"{JS_API}.STREAM.CREATE.{stream}", why),
+            Rule(f"$KV.{bucket}.{self.service}", why),
+            *_bucket_reads(stream, why, listing=False),
+        ]
+
+
 def _bucket_reads(stream: str, why: str, *, listing: bool) -> list[Rule]:
     # A get goes to the stream, or straight to a replica when the bucket allows direct gets
     # (nats-py's buckets do not, the `nats` CLI's do).
@@ -410,7 +432,13 @@ def _service(
     return RoleSpec(
         role,
         summary,
-        (DeclaresStream(), Consumes(role.value), Publishes(tuple(publishes)), *more),
+        (
+            DeclaresStream(),
+            Consumes(role.value),
+            Publishes(tuple(publishes)),
+            HoldsLease(role.value),
+            *more,
+        ),
     )
 
 

@@ -89,7 +89,12 @@ class LeaderLease:
         """Take and renew until `stop` is set, then release."""
         try:
             while not stop.is_set():
-                await self.step()
+                try:
+                    await self.step()
+                except Exception as error:  # noqa: BLE001  # the bus's trouble: try again
+                    # Unrenewed, the lease runs out by this replica's own clock: a leader
+                    # that cannot reach the bucket stops acting within the renew deadline.
+                    log.warning("lease.step_failed", lease=self.name, error=repr(error))
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), timeout=self.times.renew_every_s)
         finally:

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
+import socket
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AsyncExitStack
@@ -18,12 +20,15 @@ import structlog
 from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from shared.leases import LeaseTimes, leases_bucket
 from shared.logs import configure_logging
 from shared.messaging import BusSettings, EventBus, Subscription
 from shared.messaging.delivery import declare_dead_letters
 from shared.messaging.jetstream import BusSettingsError, JetStreamBus
-from shared.messaging.metrics import BUS_CONNECTED
+from shared.messaging.kv_store import JetStreamKeyValue
+from shared.messaging.metrics import BUS_CONNECTED, SERVICE_LEADING
 from shared.runtime.http import start_http_endpoint
+from shared.runtime.leadership import LeaderLease
 from shared.setting_errors import setting_error_line
 
 log = structlog.get_logger()
@@ -36,6 +41,8 @@ class Ticker:
     name: str
     interval_s: float
     tick: Callable[[], Awaitable[None]]
+    leader_only: bool = False
+    """Work that must happen once: done by the replica that holds the service's lease."""
     slow_after_s: float | None = None
     """A tick still running after this long is said in the log once (`ticker.slow`, with
     what it is waiting on) and waited for: a pass that hangs shows where, rather than a
@@ -61,6 +68,8 @@ class Watch:
     name: str
     run: Callable[[asyncio.Event], Awaitable[None]]
     restart_after_s: float = 2.0
+    leader_only: bool = False
+    """Runs only while this replica holds the service's lease; stopped when it loses it."""
 
 
 @dataclass(frozen=True)
@@ -84,6 +93,21 @@ class RuntimeSettings(BaseSettings):
     grace_period_s: float = Field(20, gt=0)
     log_level: str = "info"
     log_json: bool = True
+    replica: str = Field(
+        default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}", min_length=1
+    )
+    """This replica's name in its service's lease (the pod's name on GKE)."""
+    lease_duration_s: float = Field(4.0, gt=0)
+    """How long the lease stays unchanged before another replica takes it over."""
+    lease_renew_deadline_s: float = Field(3.0, gt=0)
+    lease_renew_every_s: float = Field(1.0, gt=0)
+
+    def lease_times(self) -> LeaseTimes:
+        return LeaseTimes(
+            duration_s=self.lease_duration_s,
+            renew_deadline_s=self.lease_renew_deadline_s,
+            renew_every_s=self.lease_renew_every_s,
+        )
 
 
 Bootstrap = Callable[[EventBus, AsyncExitStack], Awaitable[ServiceDefinition]]
@@ -121,12 +145,19 @@ async def serve(
         port = server.sockets[0].getsockname()[1]
         log_.info("service.started", http_port=port, nats_url=bus_settings.nats_url)
 
+        lease = await _lease_of(name, bus, runtime, definition)
+        lease_stop = asyncio.Event()
         async with asyncio.TaskGroup() as group:
+            keeping = group.create_task(lease.keep(lease_stop)) if lease else None
             tasks = [
                 group.create_task(bus.consume(s, consumers_stop)) for s in definition.subscriptions
             ]
-            tasks += [group.create_task(_every(t, consumers_stop)) for t in definition.tickers]
-            tasks += [group.create_task(_keep(w, consumers_stop)) for w in definition.watches]
+            tasks += [
+                group.create_task(_every(t, consumers_stop, lease)) for t in definition.tickers
+            ]
+            tasks += [
+                group.create_task(_keep(w, consumers_stop, lease)) for w in definition.watches
+            ]
             await stop.wait()
             log_.info("service.stopping", grace_period_s=runtime.grace_period_s)
             consumers_stop.set()
@@ -136,19 +167,43 @@ async def serve(
                     task.cancel()
                 if late:
                     log_.warning("service.grace_period_expired", cancelled=len(late))
+            # Handed over once this replica's last leader-only work is done, not before.
+            lease_stop.set()
+            if keeping is not None:
+                await keeping
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.remove_signal_handler(signum)
     log_.info("service.stopped")
 
 
-async def _every(ticker: Ticker, stop: asyncio.Event) -> None:
+async def _lease_of(
+    name: str, bus: JetStreamBus, runtime: RuntimeSettings, definition: ServiceDefinition
+) -> LeaderLease | None:
+    """The service's lease, where it has work that must happen once."""
+    once = [t.leader_only for t in definition.tickers] + [w.leader_only for w in definition.watches]
+    if not any(once):
+        return None
+    kv = await JetStreamKeyValue.declare(
+        bus.client.jetstream(), leases_bucket(bus.prefix), replicas=bus.replicas
+    )
+    lease = LeaderLease(kv, name, runtime.replica, times=runtime.lease_times())
+    SERVICE_LEADING.labels(name, runtime.replica).set_function(lambda: float(lease.leading))
+    return lease
+
+
+async def _every(ticker: Ticker, stop: asyncio.Event, lease: LeaderLease | None = None) -> None:
     while not stop.is_set():
-        try:
-            await _tick(ticker)
-        except Exception:  # the next tick is the retry
-            log.exception("ticker.failed", ticker=ticker.name)
+        follower = ticker.leader_only and lease is not None and not lease.leading
+        if not follower:
+            try:
+                await _tick(ticker)
+            except Exception:  # the next tick is the retry
+                log.exception("ticker.failed", ticker=ticker.name)
+        # A follower looks again as often as the lease is renewed: it acts within a
+        # renewal of taking it over.
+        wait_s = lease.times.renew_every_s if follower and lease else ticker.interval_s
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), timeout=ticker.interval_s)
+            await asyncio.wait_for(stop.wait(), timeout=wait_s)
 
 
 async def _tick(ticker: Ticker) -> None:
@@ -180,14 +235,37 @@ def awaiting(task: asyncio.Future[None]) -> str:
     return " > ".join(names)
 
 
-async def _keep(watch: Watch, stop: asyncio.Event) -> None:
+async def _keep(watch: Watch, stop: asyncio.Event, lease: LeaderLease | None = None) -> None:
     while not stop.is_set():
+        if watch.leader_only and lease is not None and not lease.leading:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), timeout=lease.times.renew_every_s)
+            continue
         try:
-            await watch.run(stop)
+            if watch.leader_only and lease is not None:
+                await _while_leading(watch, stop, lease)
+            else:
+                await watch.run(stop)
         except Exception:  # the source dropped us; start over after a pause
             log.exception("watch.failed", watch=watch.name)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), timeout=watch.restart_after_s)
+
+
+async def _while_leading(watch: Watch, stop: asyncio.Event, lease: LeaderLease) -> None:
+    """Run the watch until `stop`, or until this replica no longer leads."""
+    own_stop = asyncio.Event()
+    running: asyncio.Future[None] = asyncio.ensure_future(watch.run(own_stop))
+    try:
+        while not running.done():
+            if stop.is_set() or not lease.leading:
+                own_stop.set()
+                break
+            await asyncio.wait({running}, timeout=lease.times.renew_every_s / 2)
+        await running
+    finally:
+        if not running.done():
+            running.cancel()
 
 
 def run(

@@ -1,7 +1,13 @@
-"""A local stack on a three-server NATS cluster (`spotrain up --nats-cluster 3`): the stream
-and every bucket and store kept on all three. One server is killed (SIGKILL) while jobs
-run and events are published, then brought back, then another is killed: every job ends
-as its code says, once, and every event the cluster acknowledged is still there."""
+"""A local stack with no single point of failure in its bus and services (`spotrain up
+--nats-cluster 3 --replicas 2`): the stream and every bucket and store kept on three NATS
+servers, two replicas of each service.
+
+- One NATS server is killed (SIGKILL) while jobs run and events are published, then
+  brought back, then another is killed: every job ends as its code says, once, and every
+  event the cluster acknowledged is still there.
+- Each service's leader is killed: the other replica takes over within seconds, and jobs
+  asked for afterwards run, once. A leader stalled past its lease (SIGSTOP) hands over,
+  and on waking follows."""
 
 from __future__ import annotations
 
@@ -9,6 +15,8 @@ import asyncio
 import json
 import os
 import signal
+import time
+import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -32,12 +40,12 @@ SLEEPER = "import sys, time; time.sleep(float(sys.argv[1])); print('slept')"
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStackSettings]:
     home = tmp_path_factory.mktemp("cluster") / "stack"
-    settings = isolated_stack(home).model_copy(update={"nats_servers": 3})
+    settings = isolated_stack(home).model_copy(update={"nats_servers": 3, "service_replicas": 2})
     env = {**os.environ, **settings.environment(), "SPOTRAIN_SCALER_IDLE_TIMEOUT_S": "300"}
-    up = spotrain(env, "up", "--nats-cluster", "3", timeout_s=180)
+    up = spotrain(env, "up", "--nats-cluster", "3", "--replicas", "2", timeout_s=180)
     if up.returncode != 0:
         spotrain(env, "down")
-        pytest.fail(f"spotrain up --nats-cluster 3: {up.stderr}{up.stdout}")
+        pytest.fail(f"spotrain up --nats-cluster 3 --replicas 2: {up.stderr}{up.stdout}")
     try:
         yield settings
     finally:
@@ -168,3 +176,81 @@ def test_a_store_made_by_one_server_is_not_started_as_a_cluster(
     [line] = started.stderr.strip().splitlines()
     assert "was made by 1 server(s), not 3" in line
     assert "--nats-cluster 1" in line
+
+
+SERVICES = ("submitter", "scaler", "preemption_watcher", "checkpointer")
+
+
+def statuses(cluster: LocalStackSettings) -> list[dict[str, object]]:
+    shown = spotrain(env_of(cluster), "status", "-o", "json")
+    found: list[dict[str, object]] = json.loads(shown.stdout)
+    return found
+
+
+def leader(cluster: LocalStackSettings, service: str) -> dict[str, object] | None:
+    return next(
+        (
+            c for c in statuses(cluster)
+            if str(c["component"]).split("-")[0] == service and c["leads"] is True
+        ),
+        None,
+    )  # fmt: skip
+
+
+def ray_submissions(cluster: LocalStackSettings, job_id: str) -> int:
+    with urllib.request.urlopen(f"{cluster.dashboard_url}/api/jobs/", timeout=10) as response:  # noqa: S310  # the stack's own Ray
+        return sum(1 for job in json.load(response) if job["metadata"].get("job_id") == job_id)
+
+
+async def wait_for_leader(
+    cluster: LocalStackSettings, service: str, other_than: object
+) -> tuple[dict[str, object], float]:
+    """The service's new leader, and how long after now it was there."""
+    started = time.monotonic()
+    while time.monotonic() - started < 30:
+        found = await asyncio.to_thread(leader, cluster, service)
+        if found is not None and found["component"] != other_than:
+            return found, time.monotonic() - started
+        await asyncio.sleep(0.25)
+    pytest.fail(f"no replica of {service} took the lease over from {other_than}")
+
+
+async def test_a_lost_leader_of_each_service_is_replaced_and_nothing_runs_twice(
+    cluster: LocalStackSettings,
+) -> None:
+    for service in SERVICES:
+        before = await asyncio.to_thread(leader, cluster, service)
+        assert before is not None, f"{service} has a leader"
+        os.kill(int(str(before["pid"])), signal.SIGKILL)
+        _, took_s = await wait_for_leader(cluster, service, before["component"])
+        print(f"failover_s_{service}: {took_s:.1f}")
+        assert took_s < 10
+    # Every service now runs on its other replica: a job still runs, once.
+    await asyncio.to_thread(submit, cluster, "after-the-leaders", 1, wait=True)
+    record = await asyncio.to_thread(job, cluster, "after-the-leaders")
+    assert record["state"] == "succeeded"
+    assert len(record["attempts"]) == 1  # type: ignore[arg-type]
+    assert await asyncio.to_thread(ray_submissions, cluster, "after-the-leaders") == 1
+    up = await asyncio.to_thread(spotrain, env_of(cluster), "up", timeout_s=180)
+    assert up.returncode == 0, up.stderr
+
+
+async def test_a_stalled_leader_hands_over_and_follows_when_it_wakes(
+    cluster: LocalStackSettings,
+) -> None:
+    stalled = await asyncio.to_thread(leader, cluster, "scaler")
+    assert stalled is not None
+    pid = int(str(stalled["pid"]))
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        after, _ = await wait_for_leader(cluster, "scaler", stalled["component"])
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    # On waking, its renewal finds another's lease: it says it lost it, and follows.
+    log = cluster.log_dir / f"{stalled['component']}.log"
+    await eventually(lambda: '"lease.lost"' in log.read_text(), timeout_s=15, interval_s=0.25)
+    # The one that woke follows: the lease stays with the new leader.
+    await asyncio.sleep(3)
+    now = await asyncio.to_thread(leader, cluster, "scaler")
+    assert now is not None
+    assert now["component"] == after["component"]

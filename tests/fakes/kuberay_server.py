@@ -265,6 +265,7 @@ _SERVED = (
     ("apps", "v1", "DaemonSet", "daemonsets", True),
     ("batch", "v1", "Job", "jobs", True),
     ("networking.k8s.io", "v1", "NetworkPolicy", "networkpolicies", True),
+    ("policy", "v1", "PodDisruptionBudget", "poddisruptionbudgets", True),
     ("rbac.authorization.k8s.io", "v1", "ClusterRole", "clusterroles", False),
     ("rbac.authorization.k8s.io", "v1", "ClusterRoleBinding", "clusterrolebindings", False),
     ("rbac.authorization.k8s.io", "v1", "Role", "roles", True),

@@ -407,13 +407,39 @@ def test_every_service_is_probed_on_healthz_of_its_http_port(
             assert container[probe]["httpGet"] == {"path": "/healthz", "port": "http"}, where
 
 
-def test_services_are_singletons_replaced_not_overlapped(minimal: list[Manifest]) -> None:
-    """Two scalers at once could resize twice: an update stops the old pod first."""
+def test_two_of_every_service_spread_named_in_the_lease_and_kept_through_a_drain(
+    minimal: list[Manifest],
+) -> None:
+    """Two replicas of each service by default: each names itself in the service's lease
+    by its pod's name, they prefer different nodes, an update brings a new pod before an
+    old one goes, and a PodDisruptionBudget keeps one through a drain."""
     deployments = kinds(minimal, "Deployment")
     assert {d["metadata"]["name"] for d in deployments} == set(SERVICE_ACCOUNTS.values())
+    budgets = {b["metadata"]["name"]: b for b in kinds(minimal, "PodDisruptionBudget")}
     for deployment in deployments:
-        assert deployment["spec"]["replicas"] == 1
-        assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+        name = deployment["metadata"]["name"]
+        spec = deployment["spec"]
+        assert spec["replicas"] == 2
+        assert spec["strategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
+        pod = spec["template"]["spec"]
+        (term,) = pod["affinity"]["podAntiAffinity"][
+            "preferredDuringSchedulingIgnoredDuringExecution"
+        ]
+        assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+        selects = term["podAffinityTerm"]["labelSelector"]["matchLabels"]
+        assert selects == spec["selector"]["matchLabels"], "its own service's pods"
+        env = env_of(pod["containers"][0])
+        [replica] = [v for k, v in env.items() if k.endswith("_REPLICA")]
+        assert replica == {"fieldRef": {"fieldPath": "metadata.name"}}
+        budget = budgets[name]
+        assert budget["spec"]["minAvailable"] == 1
+        assert budget["spec"]["selector"]["matchLabels"] == spec["selector"]["matchLabels"]
+
+
+def test_one_replica_each_needs_no_disruption_budget(helm: Helm) -> None:
+    rendered = helm.render(sets={**REQUIRED_SETS, "serviceReplicas": "1"})
+    assert {d["spec"]["replicas"] for d in kinds(rendered, "Deployment")} == {1}
+    assert kinds(rendered, "PodDisruptionBudget") == []
 
 
 def test_all_services_run_one_image_with_their_own_module(gke: list[Manifest]) -> None:
@@ -585,7 +611,9 @@ def test_every_process_starts_with_its_rendered_settings(
         for name, rendered in env_of(container).items():
             # The node's name from the downward API: what the kubelet would give.
             node = {"fieldRef": {"fieldPath": "spec.nodeName"}}
+            pod = {"fieldRef": {"fieldPath": "metadata.name"}}
             value = "gke-training-gpu-spot-3f9a1c2b-x7kq" if rendered == node else rendered
+            value = "spotrain-scaler-7d9f8c6b5-x2kq4" if rendered == pod else value
             if isinstance(value, dict) and "secretKeyRef" in value:
                 value = "a-value-from-a-secret"  # what the kubelet reads from the Secret
             assert isinstance(value, str), (where, name, value)

@@ -137,7 +137,8 @@ def test_status_of_a_stack_that_is_not_up_exits_1(tmp_path: Path) -> None:
     components = json.loads(as_json.stdout)
     assert {c["component"] for c in components} >= {"nats", "submitter", "scaler"}
     assert {c["state"] for c in components} == {"stopped"}
-    assert set(components[0]) == {"component", "state", "pid", "endpoint"}
+    assert set(components[0]) == {"component", "state", "leads", "pid", "endpoint"}
+    assert {c["leads"] for c in components} == {None}, "nothing runs, nobody leads"
 
 
 def test_schema_writes_the_event_documents(tmp_path: Path) -> None:
