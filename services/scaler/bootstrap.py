@@ -39,6 +39,7 @@ from shared.messaging import EventBus, Subscription, bind_routes
 from shared.messaging.jetstream import JetStreamBus
 from shared.pools import pools_bucket
 from shared.runtime import ServiceDefinition, Ticker, Watch
+from shared.runtime.leadership import Leadership
 
 
 async def bootstrap(bus: EventBus, stack: AsyncExitStack) -> ServiceDefinition:
@@ -55,7 +56,9 @@ async def bootstrap(bus: EventBus, stack: AsyncExitStack) -> ServiceDefinition:
         markets = _local_markets(local, {p.name: p for p in settings.pools()})
     config = settings.policy_config()
     retry_s = market_retry_s(config.capacity_retry_after_s, markets)
+    leadership = Leadership()
     deps = Deps(
+        leading=leadership.leading,
         bus=bus,
         clock=SystemClock(),
         pools=settings.pools(),
@@ -81,6 +84,7 @@ async def bootstrap(bus: EventBus, stack: AsyncExitStack) -> ServiceDefinition:
         await follow_costs(feed, deps, stop)
 
     return ServiceDefinition(
+        leadership=leadership,
         name=SERVICE,
         subscriptions=[Subscription(service=SERVICE, routes=bind_routes(SUBSCRIPTIONS, deps))],
         tickers=[

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -91,6 +91,9 @@ class Deps:
     last_seen: dict[str, datetime] = field(default_factory=dict)
     """When each billed node was last listed by the provider: where its billing ends if it
     goes unrecorded."""
+    leading: Callable[[], bool] = lambda: True
+    """Whether this replica still holds the scaler's lease, asked just before each resize:
+    a replica stalled in the middle of a pass does not act on what it decided before."""
     ended_nodes: set[str] = field(default_factory=set)
     """Nodes whose end this process announced, while the provider still lists them (a
     release may take a while): never announced as launched again."""
@@ -224,6 +227,11 @@ async def reconcile(deps: Deps) -> ScalePlan:
         outlooks=_outlooks(deps, now),
     )
     deps.last_in_room = frozenset(decided.in_room)
+    if not deps.leading():
+        # Decided by a replica that no longer leads (it stalled meanwhile): the leader's
+        # own pass acts instead.
+        log.warning("scaler.pass_dropped", why="no longer leads")
+        return decided
     await _hand_over(deps, demands, decided)
     for served in elastic.served(demands, decided.in_room):
         await deps.demand.remove(served, attempt=_EVERY_ATTEMPT)
@@ -243,6 +251,9 @@ async def reconcile(deps: Deps) -> ScalePlan:
     for pool_plan in decided.pools:
         if pool_plan.target == pool_plan.current:
             continue
+        if not deps.leading():
+            log.warning("pool.resize_skipped", pool=pool_plan.pool, why="no longer leads")
+            break
         requested = PoolResizeRequested(
             pool=pool_plan.pool,
             from_size=pool_plan.current,
@@ -321,6 +332,9 @@ async def _release_idle(deps: Deps, name: str, pool: str) -> None:
     refusal = await deps.observer.drain_idle(name)
     if refusal is not None:
         log.info("node.release_refused", node=name, pool=pool, why=refusal)
+        return
+    if not deps.leading():
+        log.warning("node.release_skipped", node=name, pool=pool, why="no longer leads")
         return
     await deps.provider.release(name)
     await _node_released(deps, name, pool, ReleaseReason.SCALED_DOWN)

@@ -104,3 +104,27 @@ class LeaderLease:
         if self._term is not None:
             log.info("lease.lost", lease=self.name, holder=self.holder, term=self._term)
         self._renewed_at = self._revision = self._term = None
+
+
+class Leadership:
+    """What a service's code asks just before an action that must happen once (a resize, a
+    call no one can undo): whether this replica still leads. The runtime binds it to the
+    service's lease; unbound (a service run alone, a test), it leads.
+
+    A tick checks the lease when it starts; a replica stalled in the middle of one (a long
+    pause, a SIGSTOP) finds, by its own clock, that it no longer leads before its next
+    action, while another replica may already act."""
+
+    def __init__(self) -> None:
+        self._lease: LeaderLease | None = None
+
+    def bind(self, lease: LeaderLease) -> None:
+        self._lease = lease
+
+    def leading(self) -> bool:
+        return self._lease is None or self._lease.leading
+
+    @property
+    def term(self) -> int | None:
+        """The lease's term while leading (the fencing token); None unbound or following."""
+        return self._lease.term if self._lease is not None else None

@@ -28,7 +28,7 @@ from shared.messaging.jetstream import BusSettingsError, JetStreamBus
 from shared.messaging.kv_store import JetStreamKeyValue
 from shared.messaging.metrics import BUS_CONNECTED, SERVICE_LEADING
 from shared.runtime.http import start_http_endpoint
-from shared.runtime.leadership import LeaderLease
+from shared.runtime.leadership import LeaderLease, Leadership
 from shared.setting_errors import setting_error_line
 
 log = structlog.get_logger()
@@ -80,6 +80,9 @@ class ServiceDefinition:
     subscriptions: Sequence[Subscription] = ()
     tickers: Sequence[Ticker] = field(default_factory=tuple)
     watches: Sequence[Watch] = field(default_factory=tuple)
+    leadership: Leadership | None = None
+    """Bound to the service's lease by the runtime: what its actions ask just before they
+    act (`Leadership.leading`)."""
 
 
 class RuntimeSettings(BaseSettings):
@@ -187,6 +190,8 @@ async def _lease_of(
         bus.client.jetstream(), leases_bucket(bus.prefix), replicas=bus.replicas
     )
     lease = LeaderLease(kv, name, runtime.replica, times=runtime.lease_times())
+    if definition.leadership is not None:
+        definition.leadership.bind(lease)
     SERVICE_LEADING.labels(name, runtime.replica).set_function(lambda: float(lease.leading))
     return lease
 

@@ -110,6 +110,22 @@ async def test_a_queued_job_grows_its_pool_by_one_node_and_only_once(
     assert (spot.nodes, spot.gpus_total, spot.pending_jobs, spot.pending_gpus) == (1, 2, 1, 2)
 
 
+async def test_a_replica_that_no_longer_leads_does_not_act_on_its_pass(
+    deps: Deps, cluster: FakeCluster
+) -> None:
+    """A pass decided by a replica whose lease ran out meanwhile (it stalled): no resize,
+    no placement, nothing said; once it leads again, the same demand is acted on once."""
+    leads = False
+    deps.leading = lambda: leads
+    await on_job_queued(queued("job-1"), deps)
+    await reconcile(deps)
+    assert cluster.launched == {}
+    assert published(deps) == []
+    leads = True
+    await reconcile(deps)
+    assert list(cluster.launched) == ["gpu-spot-1"]
+
+
 async def test_an_idle_node_goes_after_the_timeout_once_its_job_started(
     deps: Deps, cluster: FakeCluster, clock: FixedClock
 ) -> None:
