@@ -247,7 +247,22 @@ async def reconcile(deps: Deps) -> ScalePlan:
     )
     await deps.status.publish_status(status)
     metrics.PASS.replace(metrics.pass_samples(status, demands))
-    stocked_out = set(never_started)
+    stocked_out = set(never_started) | await _resize(deps, decided, by_pool, provided, now)
+    await _learn(deps, provided, taken_back=taken_back, stocked_out=stocked_out, now=now)
+    await _report_blocked(deps, decided)
+    return decided
+
+
+async def _resize(
+    deps: Deps,
+    decided: ScalePlan,
+    by_pool: Mapping[str, PoolSpec],
+    provided: Sequence[ProvidedNode],
+    now: datetime,
+) -> set[str]:
+    """Act on the pass's resizes, each said before and after; the pools found out of
+    capacity."""
+    stocked_out: set[str] = set()
     for pool_plan in decided.pools:
         if pool_plan.target == pool_plan.current:
             continue
@@ -293,9 +308,7 @@ async def reconcile(deps: Deps) -> ScalePlan:
             await _publish(deps, failed)
             continue
         await _publish(deps, PoolResized(pool=pool_plan.pool, size=pool_plan.target))
-    await _learn(deps, provided, taken_back=taken_back, stocked_out=stocked_out, now=now)
-    await _report_blocked(deps, decided)
-    return decided
+    return stocked_out
 
 
 async def _hand_over(deps: Deps, demands: Sequence[Demand], decided: ScalePlan) -> None:
