@@ -31,8 +31,10 @@ def config_file(settings: LocalStackSettings) -> Path:
 
 
 def prometheus_config(settings: LocalStackSettings, services: Sequence[str]) -> dict[str, Any]:
-    """The scrape configuration: each service on base+1, base+2, ... in `services` order,
-    labelled `service=<name>`, and every Ray node the head lists. Pure: no I/O."""
+    """The scrape configuration: each replica of each service (the first on base+1,
+    base+2, ... in `services` order, each next one 10 further), labelled
+    `service=<name>` and `replica=<its name>`, and every Ray node the head lists. Pure: no
+    I/O but the count of replicas the stack runs."""
     s = settings
     return {
         # Locally a demo lasts a minute: scrape often enough to see it.
@@ -42,9 +44,13 @@ def prometheus_config(settings: LocalStackSettings, services: Sequence[str]) -> 
                 "job_name": "spotrain",
                 "static_configs": [
                     {
-                        "targets": [f"{s.host}:{s.service_port_base + offset}"],
-                        "labels": {"service": service},
+                        "targets": [f"{s.host}:{s.service_port(offset, replica)}"],
+                        "labels": {
+                            "service": service,
+                            "replica": service if replica == 1 else f"{service}-{replica}",
+                        },
                     }
+                    for replica in range(1, s.replica_count + 1)
                     for offset, service in enumerate(services, start=1)
                 ],
             },

@@ -13,6 +13,8 @@ Port = int
 
 
 SINGLE_SERVER_NAME = "spotrain-local"
+REPLICA_PORT_STEP = 10
+"""How far a service's next replica's port is from the one before."""
 REPLICAS_FILE = "replicas"
 """In the run folder: how many replicas of each service the running stack has."""
 STORE_SERVERS_FILE = "servers"
@@ -142,6 +144,10 @@ class LocalStackSettings(BaseSettings):
     def replicas(self) -> int:
         """Copies of the stream and of each bucket: one per server, three at most."""
         return min(self.nats_server_count, 3)
+
+    def service_port(self, offset: int, replica: int = 1) -> Port:
+        """The /metrics and /healthz port of a service's replica (offset 1: the submitter)."""
+        return self.service_port_base + offset + REPLICA_PORT_STEP * (replica - 1)
 
     @property
     def replica_count(self) -> int:

@@ -55,8 +55,6 @@ from shared.natsauth import NatsConfig, write_nats_config
 from shared.spot_traces import SpotMarketOption
 
 SERVICES = ("submitter", "scaler", "preemption_watcher", "checkpointer")
-REPLICA_PORT_STEP = 10
-"""How far a service's next replica's port is from the one before."""
 
 
 class StackError(RuntimeError):
@@ -180,7 +178,7 @@ def components(settings: LocalStackSettings) -> list[Component]:
     services = []
     for replica in range(1, s.replica_count + 1):
         for offset, service in enumerate(SERVICES, start=1):
-            port = s.service_port_base + offset + REPLICA_PORT_STEP * (replica - 1)
+            port = s.service_port(offset, replica)
             prefix = f"SPOTRAIN_{service.upper()}_"
             name = service if replica == 1 else f"{service}-{replica}"
             services.append(
@@ -516,13 +514,30 @@ def nats_component(
     )
 
 
+ROUTE_USER = "route"
+
+
+def _route_password(directory: Path) -> str:
+    """The cluster's route password, made once (mode 0600) beside the servers' configs."""
+    path = directory / "routes.password"
+    if not path.is_file():
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as file:
+            file.write(secrets.token_hex(24))
+    return path.read_text(encoding="utf-8").strip()
+
+
 def _write_cluster_config(
     settings: LocalStackSettings, server: NatsServerPorts, auth: NatsConfig | None
 ) -> Path:
     """A member's own configuration: its name and routes, after the secure stack's users
     (a later key wins in NATS's configuration, so its name is its own)."""
+    # On a secure stack the routes take a password of their own: a process of another
+    # user on the host cannot join the cluster as a server and read every message.
+    password = _route_password(auth.directory) if auth else None
+    login = f"{ROUTE_USER}:{password}@" if password else ""
     others = [
-        f'"nats-route://{settings.host}:{other.route_port}"'
+        f'"nats-route://{login}{settings.host}:{other.route_port}"'
         for other in settings.nats
         if other.name != server.name
     ]
@@ -532,6 +547,11 @@ def _write_cluster_config(
         "cluster {",
         f'  name: "{CLUSTER_NAME}"',
         f'  listen: "{settings.host}:{server.route_port}"',
+        *(
+            [f'  authorization {{ user: "{ROUTE_USER}", password: "{password}" }}']
+            if password
+            else []
+        ),
         f"  routes: [{', '.join(others)}]",
         "}",
         "",
@@ -541,6 +561,7 @@ def _write_cluster_config(
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{server.component}.conf"
     path.write_text("\n".join(lines), encoding="utf-8")
+    path.chmod(0o600)  # the route password, on a secure stack
     return path
 
 

@@ -70,3 +70,20 @@ def test_the_store_says_how_many_servers_made_it(tmp_path: Path) -> None:
     assert unset.store_made_by == 3
     assert unset.nats_server_count == 3, "unset: as the store says"
     assert len(unset.nats) == 3
+
+
+def test_a_secure_clusters_routes_take_a_password_of_their_own(tmp_path: Path) -> None:
+    """On a secure stack each member includes the stack's users and asks its routes for a
+    password (mode 0600): another user's process on the host cannot join as a server."""
+    settings = cluster(tmp_path).model_copy(update={"secure": True})
+    nats = [c for c in components(settings) if c.name.startswith("nats")]
+    configs = [Path(c.argv[c.argv.index("--config") + 1]) for c in nats]
+    password = (settings.nats_auth_dir / "routes.password").read_text().strip()
+    assert len(password) >= 32
+    for config in configs:
+        text = config.read_text()
+        assert text.startswith('include "nats-server.conf"')
+        assert f'authorization {{ user: "route", password: "{password}" }}' in text
+        assert f"nats-route://route:{password}@127.0.0.1:" in text
+        assert config.stat().st_mode & 0o077 == 0
+        assert config.parent == settings.nats_auth_dir

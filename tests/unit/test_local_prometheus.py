@@ -45,8 +45,21 @@ def test_each_service_is_a_target_labelled_with_its_name(
         j for j in prometheus.prometheus_config(settings, SERVICES)["scrape_configs"]
         if j["job_name"] == "spotrain"
     ]  # fmt: skip
-    assert {"targets": [target], "labels": {"service": service}} in job["static_configs"]
+    labels = {"service": service, "replica": service}
+    assert {"targets": [target], "labels": labels} in job["static_configs"]
     assert len(job["static_configs"]) == 4
+
+
+def test_every_replica_is_scraped_under_its_own_name(settings: LocalStackSettings) -> None:
+    """Two replicas of each service (`up --replicas 2`): the second on base+11 to base+14."""
+    two = settings.model_copy(update={"service_replicas": 2})
+    (job,) = [
+        j for j in prometheus.prometheus_config(two, SERVICES)["scrape_configs"]
+        if j["job_name"] == "spotrain"
+    ]  # fmt: skip
+    assert len(job["static_configs"]) == 8
+    second = {"service": "scaler", "replica": "scaler-2"}
+    assert {"targets": ["127.0.0.1:9472"], "labels": second} in job["static_configs"]
 
 
 def test_ray_nodes_come_from_the_file_the_head_writes_in_its_temp_dir(
