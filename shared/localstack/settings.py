@@ -26,21 +26,14 @@ CLUSTER_NAME = "spotrain-local"
 class NatsServerPorts:
     """One NATS server of the stack: its name, ports and store."""
 
+    component: str
+    """Its name among the stack's processes: `nats`, then `nats-2`, `nats-3`."""
     name: str
     client_port: Port
     monitor_port: Port
     route_port: Port | None
     """None for a server of its own, in no cluster."""
     store_dir: Path
-
-    @property
-    def component(self) -> str:
-        """Its name among the stack's processes: `nats`, then `nats-2`, `nats-3`."""
-        return (
-            "nats"
-            if self.name in (SINGLE_SERVER_NAME, f"{SINGLE_SERVER_NAME}-1")
-            else (f"nats-{self.name.rsplit('-', 1)[1]}")
-        )
 
 
 class LocalStackSettings(BaseSettings):
@@ -119,6 +112,7 @@ class LocalStackSettings(BaseSettings):
         if self.nats_server_count == 1:
             return [
                 NatsServerPorts(
+                    component="nats",
                     name=SINGLE_SERVER_NAME,
                     client_port=self.nats_port,
                     monitor_port=self.nats_monitor_port,
@@ -131,6 +125,7 @@ class LocalStackSettings(BaseSettings):
             base = self.nats_cluster_port_base + 3 * index
             servers.append(
                 NatsServerPorts(
+                    component="nats" if index == 0 else f"nats-{index + 1}",
                     name=f"{SINGLE_SERVER_NAME}-{index + 1}",
                     client_port=self.nats_port if index == 0 else base + 1,
                     monitor_port=self.nats_monitor_port if index == 0 else base + 2,

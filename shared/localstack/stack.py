@@ -473,7 +473,7 @@ def nats_component(
         config_argv = auth.server_argv if auth else ["--server_name", NATS_SERVER_NAME]
     else:
         config_argv = ["--config", str(_write_cluster_config(s, server, auth))]
-    first = server.client_port == s.nats_port
+    first = server.component == "nats"
     ports = (
         (Port(s.nats_port, "SPOTRAIN_LOCAL_NATS_PORT"),
          Port(s.nats_monitor_port, "SPOTRAIN_LOCAL_NATS_MONITOR_PORT"))
