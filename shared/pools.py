@@ -9,6 +9,7 @@ from pydantic import AwareDatetime, Field
 
 from shared.deadline import SpotOutlook
 from shared.events.types import CapacityClass, Frozen
+from shared.messaging.ports import KeyValue
 
 STATUS_KEY = "status"
 SIGHTINGS_KEY = "sightings"
@@ -125,3 +126,21 @@ def billed_up_to(sightings: NodeSightings | None) -> dict[str, datetime]:
     """Where the ledger stops billing each open node: its last sighting. With no sightings
     at all (no scaler pass yet), every open node stops at its launch: never a guess."""
     return dict(sightings.seen) if sightings is not None else {}
+
+
+class PoolsBucket:
+    """The scaler's pools bucket, read (by the submitter for budgets, the checkpointer for
+    capacity): its status, with prices, and each owner's spend."""
+
+    def __init__(self, kv: KeyValue) -> None:
+        self._kv = kv
+
+    async def status(self) -> PoolsStatus | None:
+        """The scaler's latest view; None before its first pass."""
+        entry = await self._kv.get(STATUS_KEY)
+        return PoolsStatus.model_validate_json(entry.value) if entry else None
+
+    async def spend(self) -> OwnersSpend | None:
+        """What each owner spent this month by the ledger; None before the scaler said."""
+        entry = await self._kv.get(SPEND_KEY)
+        return OwnersSpend.model_validate_json(entry.value) if entry else None

@@ -7,7 +7,6 @@ from contextlib import AsyncExitStack
 from services.checkpointer import metrics
 from services.checkpointer.adapters.checkpoint_store import StorageCheckpoints
 from services.checkpointer.adapters.kv_jobs import KvJobReader
-from services.checkpointer.adapters.kv_pools import KvPoolsReader
 from services.checkpointer.adapters.ray_gcs import RayGcsNodes
 from services.checkpointer.handlers import SERVICE, SUBSCRIPTIONS, Deps, review_moves
 from services.checkpointer.settings import CheckpointerSettings
@@ -15,7 +14,8 @@ from shared.clock import SystemClock
 from shared.jobs import jobs_bucket
 from shared.messaging import EventBus, Subscription, bind_routes
 from shared.messaging.jetstream import JetStreamBus
-from shared.pools import pools_bucket
+from shared.messaging.kv_store import JetStreamKeyValue
+from shared.pools import PoolsBucket, pools_bucket
 from shared.runtime import ServiceDefinition, Ticker
 
 
@@ -32,7 +32,7 @@ async def bootstrap(bus: EventBus, stack: AsyncExitStack) -> ServiceDefinition:
         checkpoints=StorageCheckpoints(),
         ray=RayGcsNodes(settings.ray_gcs_address),
         config=settings.recovery_config(),
-        pools=KvPoolsReader(bus.client.jetstream(), pools_bucket(bus.prefix)),
+        pools=PoolsBucket(JetStreamKeyValue.of(bus.client.jetstream(), pools_bucket(bus.prefix))),
         moves=settings.move_config(),
     )
 

@@ -7,7 +7,6 @@ from contextlib import AsyncExitStack
 from services.submitter import metrics
 from services.submitter.adapters.desk_allowances import KvAllowances
 from services.submitter.adapters.kv_job_store import KvJobStore
-from services.submitter.adapters.pools_reader import KvPoolsReader
 from services.submitter.adapters.progress import StorageProgressReader
 from services.submitter.adapters.ray_jobs import RayJobSubmission
 from services.submitter.adapters.records_desk import RecordsDesk
@@ -28,6 +27,8 @@ from shared.clock import SystemClock
 from shared.jobs import jobs_bucket
 from shared.messaging import EventBus, Subscription, bind_routes
 from shared.messaging.jetstream import JetStreamBus
+from shared.messaging.kv_store import JetStreamKeyValue
+from shared.pools import PoolsBucket, pools_bucket
 from shared.runtime import ServiceDefinition, Ticker, Watch
 from shared.teams import teams_bucket
 from shared.workspace import declare_stores, workspaces_bucket
@@ -74,7 +75,9 @@ async def bootstrap(bus: EventBus, stack: AsyncExitStack) -> ServiceDefinition:
         give_way_grace_s=settings.give_way_grace_s,
         short_of_workers_fallback_s=settings.short_of_workers_fallback_s,
         worker_check_interval_s=settings.track_interval_s * 5,
-        pools=KvPoolsReader(js, bus.prefix) if teams is not None else None,
+        pools=PoolsBucket(JetStreamKeyValue.of(js, pools_bucket(bus.prefix)))
+        if teams is not None
+        else None,
         default_max_hours=settings.default_max_hours,
         driver_labels=settings.driver_labels,
         admission_view_max_age_s=settings.admission_view_max_age_s,

@@ -20,10 +20,24 @@ WRONG_LAST_SEQUENCE = 10071
 
 
 class JetStreamKeyValue:
-    def __init__(self, js: JetStreamContext, kv: NatsKeyValue, bucket: str) -> None:
+    def __init__(self, js: JetStreamContext, kv: NatsKeyValue | None, bucket: str) -> None:
         self._js = js
         self._kv = kv
         self._bucket = bucket
+
+    @classmethod
+    def of(cls, js: JetStreamContext, bucket: str) -> Self:
+        """A bucket another process declares, looked up on first use: until it exists it
+        reads as empty (a reader started before its writer)."""
+        return cls(js, None, bucket)
+
+    async def _handle(self) -> NatsKeyValue | None:
+        if self._kv is None:
+            try:
+                self._kv = await self._js.key_value(self._bucket)
+            except nats.js.errors.BucketNotFoundError:
+                return None
+        return self._kv
 
     @classmethod
     async def declare(
@@ -48,8 +62,11 @@ class JetStreamKeyValue:
         return cls(js, kv, bucket)
 
     async def get(self, key: str) -> Entry | None:
+        kv = await self._handle()
+        if kv is None:
+            return None
         try:
-            entry = await self._kv.get(key)
+            entry = await kv.get(key)
         except nats.js.errors.KeyNotFoundError:  # deleted and purged markers too
             return None
         if entry.value is None or entry.revision is None:
@@ -58,19 +75,19 @@ class JetStreamKeyValue:
 
     async def create(self, key: str, value: bytes) -> int | None:
         try:
-            return await self._kv.create(key, value)
+            return await (await self._writable()).create(key, value)
         except nats.js.errors.KeyWrongLastSequenceError:
             return None
 
     async def update(self, key: str, value: bytes, *, revision: int) -> int | None:
         try:
-            return await self._kv.update(key, value, last=revision)
+            return await (await self._writable()).update(key, value, last=revision)
         except nats.js.errors.KeyWrongLastSequenceError:
             return None
 
     async def delete(self, key: str, *, revision: int | None = None) -> bool:
         try:
-            return await self._kv.delete(key, last=revision)
+            return await (await self._writable()).delete(key, last=revision)
         except nats.js.errors.KeyWrongLastSequenceError:
             return False
         except nats.js.errors.BadRequestError as error:
@@ -80,11 +97,20 @@ class JetStreamKeyValue:
             raise
 
     async def entries(self) -> list[Entry]:
+        if await self._handle() is None:
+            return []
         return [
             Entry(key=entry.key, value=entry.value, revision=entry.revision)
             for entry in await latest_entries(self._js, self._bucket)
             if entry.value is not None and entry.revision is not None
         ]
+
+    async def _writable(self) -> NatsKeyValue:
+        kv = await self._handle()
+        if kv is None:
+            msg = f"the bucket {self._bucket} is not declared: its writer declares it at start"
+            raise nats.js.errors.BucketNotFoundError(description=msg)
+        return kv
 
 
 class InMemoryKeyValue:

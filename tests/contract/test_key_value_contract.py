@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from datetime import UTC, datetime
 
+import nats.js.errors
 import pytest
 
 from shared.messaging.jetstream import JetStreamBus
 from shared.messaging.kv_store import InMemoryKeyValue, JetStreamKeyValue
 from shared.messaging.ports import KeyValue
+from shared.pools import SPEND_KEY, OwnersSpend, PoolsBucket
 
 
 @pytest.fixture
@@ -93,3 +96,33 @@ async def test_writers_at_once_lose_no_write(kv: KeyValue) -> None:
     entry = await kv.get("counter")
     assert entry is not None
     assert entry.value == b"20"
+
+
+async def test_a_bucket_not_declared_yet_reads_empty_and_refuses_writes(
+    jetstream_bus: JetStreamBus,
+) -> None:
+    """A reader started before the bucket's writer: nothing yet, and no bucket made by the
+    reader on first use; once declared, the same reader sees it."""
+    js = jetstream_bus.client.jetstream()
+    bucket = f"t{uuid.uuid4().hex[:8]}"
+    reader = JetStreamKeyValue.of(js, bucket)
+    assert await reader.get("status") is None
+    assert await reader.entries() == []
+    with pytest.raises(nats.js.errors.BucketNotFoundError):
+        await reader.create("status", b"x")
+    writer = await JetStreamKeyValue.declare(js, bucket)
+    assert await writer.create("status", b"up") is not None
+    entry = await reader.get("status")
+    assert entry is not None
+    assert entry.value == b"up"
+
+
+async def test_the_pools_bucket_is_read_through_the_port() -> None:
+    kv = InMemoryKeyValue()
+    pools = PoolsBucket(kv)
+    assert await pools.status() is None
+    assert await pools.spend() is None
+    now = datetime.now(UTC)
+    spend = OwnersSpend(since=now.replace(day=1), at=now, by_owner={"ann": 12.5})
+    assert await kv.create(SPEND_KEY, spend.model_dump_json().encode()) is not None
+    assert await pools.spend() == spend

@@ -18,7 +18,6 @@ import pytest
 from nats.js.api import ConsumerConfig
 
 from services.checkpointer.adapters.kv_jobs import KvJobReader
-from services.checkpointer.adapters.kv_pools import KvPoolsReader
 from services.scaler.adapters.kv_demand import KvDemandStore
 from services.submitter.adapters.kv_job_store import KvJobStore
 from services.submitter.adapters.workspaces import ObjectStoreWorkspaces
@@ -46,8 +45,9 @@ from shared.messaging.jetstream import (
     BusUnavailableError,
     JetStreamBus,
 )
+from shared.messaging.kv_store import JetStreamKeyValue
 from shared.natsauth import NatsConfig, Role, TlsFiles, write_nats_config
-from shared.pools import PoolsStatus, pools_bucket
+from shared.pools import PoolsBucket, PoolsStatus, pools_bucket
 from shared.workspace import declare_stores, workspaces_bucket
 from tests.async_helpers import consuming, eventually
 from tests.events import NOW, job_requested
@@ -209,7 +209,7 @@ async def test_the_watcher_the_agent_and_the_checkpointer_do_their_part(
 
     checkpointer = await platform.bus(Role.CHECKPOINTER)
     jobs = KvJobReader(checkpointer.client.jetstream(), jobs_bucket(PREFIX))
-    pools = KvPoolsReader(checkpointer.client.jetstream(), pools_bucket(PREFIX))
+    pools = PoolsBucket(JetStreamKeyValue.of(checkpointer.client.jetstream(), pools_bucket(PREFIX)))
     resumed: list[str] = []
 
     async def on_node_lost(event: Event[Any]) -> None:
