@@ -28,7 +28,7 @@ async def bootstrap(bus: EventBus, stack: AsyncExitStack) -> ServiceDefinition:
     deps = Deps(
         bus=bus,
         clock=SystemClock(),
-        jobs=KvJobReader(bus.client.jetstream(), jobs_bucket(bus.prefix)),
+        jobs=KvJobReader(JetStreamKeyValue.of(bus.client.jetstream(), jobs_bucket(bus.prefix))),
         checkpoints=StorageCheckpoints(),
         ray=RayGcsNodes(settings.ray_gcs_address),
         config=settings.recovery_config(),

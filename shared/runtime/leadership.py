@@ -58,7 +58,8 @@ class LeaderLease:
         self._sighting = decision.sighting
         if decision.move is Move.WAIT:
             self._lost()
-            self.leader = (read_record(current) or LeaseRecord(holder=None, term=1)).holder
+            record = read_record(current)
+            self.leader = record.holder if record else None
             return False
         value = LeaseRecord(holder=self.holder, term=decision.term).model_dump_json().encode()
         if current is None:

@@ -12,10 +12,10 @@ import pytest
 from services.submitter.adapters.desk_allowances import (
     CONTENDED_RETRY_S,
     KvAllowances,
-    ReplicaAllowances,
 )
 from shared.desk import ALLOWANCE_WHOLE_AFTER_S, REQUESTS_BURST, REQUESTS_PER_S, allowances_bucket
 from shared.messaging.jetstream import JetStreamBus
+from shared.messaging.kv_store import InMemoryKeyValue
 
 pytestmark = pytest.mark.integration
 
@@ -31,7 +31,7 @@ class Clock:
 async def replicas(bus: JetStreamBus, clock: Clock, count: int = 2) -> list[KvAllowances]:
     js = bus.client.jetstream()
     opened = [await KvAllowances.open(js, bus.prefix) for _ in range(count)]
-    return [KvAllowances(replica._kv, clock) for replica in opened]
+    return [KvAllowances(replica._kv, clock) for replica in opened]  # one bucket, one clock
 
 
 async def test_two_replicas_share_one_persons_burst(jetstream_bus: JetStreamBus) -> None:
@@ -45,8 +45,8 @@ async def test_two_replicas_share_one_persons_burst(jetstream_bus: JetStreamBus)
     assert await two.take("bob") is None, "bob's share is his own"
     clock.now += 1 / REQUESTS_PER_S
     assert await two.take("alice") is None, "one more, once its time came"
-    # Kept per replica instead, each replica would give the whole burst again.
-    assert await ReplicaAllowances().take("alice") is None
+    # Kept in one replica's memory instead, each replica would give the whole burst again.
+    assert await KvAllowances(InMemoryKeyValue(), clock).take("alice") is None
 
 
 async def test_requests_at_once_on_several_replicas_are_each_counted(

@@ -208,7 +208,7 @@ async def test_the_watcher_the_agent_and_the_checkpointer_do_their_part(
     await watcher.publish(_event(NodeLost(node="n-1", source=NoticeSource.LOCAL)))
 
     checkpointer = await platform.bus(Role.CHECKPOINTER)
-    jobs = KvJobReader(checkpointer.client.jetstream(), jobs_bucket(PREFIX))
+    jobs = KvJobReader(JetStreamKeyValue.of(checkpointer.client.jetstream(), jobs_bucket(PREFIX)))
     pools = PoolsBucket(JetStreamKeyValue.of(checkpointer.client.jetstream(), pools_bucket(PREFIX)))
     resumed: list[str] = []
 

@@ -1,7 +1,7 @@
-"""`RequestAllowances`: each person's share of requests, kept in one replica's memory or
-in a key-value bucket that every replica of the submitter shares. In the bucket, an
-allowance is taken by compare-and-set, so two replicas answering one person at once
-count both requests; an entry expires once the allowance would be whole again."""
+"""`RequestAllowances` on the key-value port: each person's share of requests, in a bucket
+that every replica of the submitter shares. An allowance is taken by compare-and-set, so
+two replicas answering one person at once count both requests; an entry expires once the
+allowance would be whole again. On the in-memory twin it is one replica's own count."""
 
 from __future__ import annotations
 
@@ -9,12 +9,11 @@ import time
 from collections.abc import Callable
 from typing import Self
 
-import nats.js.errors
 from nats.js import JetStreamContext
-from nats.js.api import KeyValueConfig, StorageType
-from nats.js.kv import KeyValue
 
 from shared.desk import ALLOWANCE_WHOLE_AFTER_S, Allowance, allowances_bucket, take_request
+from shared.messaging.kv_store import JetStreamKeyValue
+from shared.messaging.ports import KeyValue
 
 MOST_TRIES = 8
 """Compare-and-set tries before a request is refused for a moment: only a person's own
@@ -22,22 +21,9 @@ requests, answered at once by several replicas, contend for their entry."""
 CONTENDED_RETRY_S = 0.05
 
 
-class ReplicaAllowances:
-    """One replica's own count: a person gets their share from each replica."""
-
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
-        self._clock = clock
-        self._allowances: dict[str, Allowance] = {}
-
-    async def take(self, person: str) -> float | None:
-        allowance, wait_s = take_request(self._allowances.get(person), self._clock())
-        self._allowances[person] = allowance
-        return wait_s
-
-
 class KvAllowances:
-    """Every replica's count, in `<prefix>-allowances`: the wall clock is the one the
-    replicas share."""
+    """The wall clock is the one the replicas share; one replica alone may pass its own
+    monotonic clock."""
 
     def __init__(self, kv: KeyValue, clock: Callable[[], float] = time.time) -> None:
         self._kv = kv
@@ -46,32 +32,27 @@ class KvAllowances:
     @classmethod
     async def open(cls, js: JetStreamContext, prefix: str, *, replicas: int = 1) -> Self:
         """Declare the bucket (idempotent): its writer does, at start."""
-        kv = await js.create_key_value(
-            KeyValueConfig(
-                bucket=allowances_bucket(prefix),
-                history=1,
-                storage=StorageType.FILE,
-                replicas=replicas,
-                ttl=ALLOWANCE_WHOLE_AFTER_S + 60,
-            )
+        kv = await JetStreamKeyValue.declare(
+            js,
+            allowances_bucket(prefix),
+            replicas=replicas,
+            ttl_s=ALLOWANCE_WHOLE_AFTER_S + 60,
         )
         return cls(kv)
 
     async def take(self, person: str) -> float | None:
         for _ in range(MOST_TRIES):
-            try:
-                entry = await self._kv.get(person)
-            except nats.js.errors.KeyNotFoundError:
-                entry = None
+            entry = await self._kv.get(person)
             allowance, wait_s = take_request(
                 Allowance.from_bytes(entry.value if entry else None), self._clock()
             )
-            try:
-                if entry is None:
-                    await self._kv.create(person, allowance.to_bytes())
-                else:
-                    await self._kv.update(person, allowance.to_bytes(), last=entry.revision)
-            except nats.js.errors.KeyWrongLastSequenceError:
-                continue  # another replica counted one of theirs meanwhile: count again
-            return wait_s
+            if entry is None:
+                written = await self._kv.create(person, allowance.to_bytes())
+            else:
+                written = await self._kv.update(
+                    person, allowance.to_bytes(), revision=entry.revision
+                )
+            if written is not None:
+                return wait_s
+            # Another replica counted one of theirs meanwhile: count again.
         return CONTENDED_RETRY_S

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Callable
 
 import nats.errors
@@ -17,7 +18,7 @@ from nats.aio.msg import Msg
 from pydantic import ValidationError
 
 from services.submitter import policy
-from services.submitter.adapters.desk_allowances import ReplicaAllowances
+from services.submitter.adapters.desk_allowances import KvAllowances
 from services.submitter.adapters.desk_uploads import DeskUploads
 from services.submitter.ports import JobStore, RayJobs, RequestAllowances, TeamsSource
 from shared.cost import COST_EVENTS
@@ -49,6 +50,7 @@ from shared.events import (
 from shared.jobs import JobRecord
 from shared.messaging.dead_letters import DETAIL, MSG_ID, ORIGINAL_SUBJECT, REASON, SERVICE
 from shared.messaging.jetstream import JetStreamBus
+from shared.messaging.kv_store import InMemoryKeyValue
 from shared.messaging.ports import StoredMessage
 from shared.pool_knowledge import KNOWLEDGE_KEY
 from shared.pools import SIGHTINGS_KEY, STATUS_KEY, pools_bucket
@@ -79,7 +81,8 @@ class RecordsDesk:
         self._answering = asyncio.Semaphore(MOST_ASKS_AT_ONCE)
         self._tasks: set[asyncio.Task[None]] = set()
         self._in_flight: dict[str, int] = {}
-        self._allowances = allowances or ReplicaAllowances()
+        # Alone (a test, one replica), the desk counts in its own memory.
+        self._allowances = allowances or KvAllowances(InMemoryKeyValue(), time.monotonic)
         self._uploads = DeskUploads(bus.client.jetstream(), bus.prefix)
 
     async def run(self, stop: asyncio.Event) -> None:
