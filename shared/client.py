@@ -168,7 +168,12 @@ class SpotrainClient:
         if self._person is not None:
             return await self._upload_asking(packed)
         owner = owner or current_user()
-        return await upload(self._bus.client.jetstream(), self.prefix, packed, owner)
+        try:
+            return await upload(self._bus.client.jetstream(), self.prefix, packed, owner)
+        except (nats.errors.TimeoutError, nats.js.errors.ServiceUnavailableError) as error:
+            # Past the wait for a cluster's new leader: said in one line, not a traceback.
+            msg = f"NATS did not take the workspace in time ({error}); try again"
+            raise PlatformError(msg) from error
 
     async def _upload_asking(self, packed: PackedWorkspace) -> ObjectRef:
         """Up through the desk, part after part; the first answer is the workspace at once

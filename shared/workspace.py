@@ -19,6 +19,7 @@ from nats.js import JetStreamContext
 from nats.js.api import ObjectStoreConfig, StorageType
 
 from shared.events.types import ObjectRef
+from shared.messaging.jetstream import through_failover
 
 DEFAULT_LIMIT_BYTES = 100 * 1024**2
 """The most a workspace holds, packed or unpacked."""
@@ -189,23 +190,34 @@ async def declare_stores(js: JetStreamContext, prefix: str, *, replicas: int = 1
 
 
 async def upload(
-    js: JetStreamContext, prefix: str, packed: PackedWorkspace, owner: str
+    js: JetStreamContext,
+    prefix: str,
+    packed: PackedWorkspace,
+    owner: str,
+    *,
+    failover_s: float = 30.0,
 ) -> ObjectRef:
     """Store the zip under its owner's name and its hash: the same tree twice is stored
-    once. For a role's credential; a person's goes up through the records desk."""
+    once. For a role's credential; a person's goes up through the records desk. Tried
+    again through a cluster's leader election, for up to `failover_s`."""
     bucket = workspaces_bucket(prefix)
-    try:
-        store = await js.object_store(bucket)
-    except nats.js.errors.NotFoundError:
-        msg = "there is no workspace store yet: the submitter declares it when it starts"
-        raise WorkspaceError(msg) from None
     name = workspace_object_name(owner, packed.sha256)
-    try:
-        # Named by its hash: one already stored is this very tree. Storing it again would
-        # purge the old chunks, a right the CLI's NATS user does not have.
-        await store.get_info(name)
-    except nats.js.errors.ObjectNotFoundError:
-        await store.put(name, packed.data)
+
+    async def store_once() -> None:
+        try:
+            store = await js.object_store(bucket)
+        except nats.js.errors.NotFoundError:
+            msg = "there is no workspace store yet: the submitter declares it when it starts"
+            raise WorkspaceError(msg) from None
+        try:
+            # Named by its hash: one already stored is this very tree (a try cut short
+            # before its last chunk left no object). Storing it again would purge the old
+            # chunks, a right the CLI's NATS user does not have.
+            await store.get_info(name)
+        except nats.js.errors.ObjectNotFoundError:
+            await store.put(name, packed.data)
+
+    await through_failover(failover_s, store_once)
     return ObjectRef(bucket=bucket, name=name, sha256=packed.sha256, size_bytes=len(packed.data))
 
 

@@ -76,6 +76,24 @@ READ_UNAVAILABLE_TRIES = 25
 """Fetches a read retries while its consumer has no responder (about 5 s)."""
 
 
+async def through_failover(timeout_s: float, call: Callable[..., Awaitable[T]], *args: Any) -> T:
+    """A JetStream API call (or a few, as one), again while the cluster answers nothing
+    or 503: a stream whose leader's server was lost elects another within seconds. Up to
+    `timeout_s`; the bus's own calls wait `publish_timeout_s`, as a publish does through a
+    server's restart."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return await call(*args)
+        except (nats.errors.TimeoutError, nats.js.errors.ServiceUnavailableError):
+            if time.monotonic() > deadline:
+                raise
+        except nats.js.errors.APIError as error:
+            if not _cluster_busy(error) or time.monotonic() > deadline:
+                raise
+        await asyncio.sleep(0.5)
+
+
 class BusSettingsError(RuntimeError):
     """The cluster cannot do what the settings ask (more replicas than servers): the
     message names the setting to change."""
@@ -563,28 +581,13 @@ class JetStreamBus:
         async with self.permission_checked(doing, subject="$JS.API.CONSUMER.>"):
             return await self._read(subject, after_seq)
 
-    async def _through_failover(self, call: Callable[..., Awaitable[T]], *args: Any) -> T:
-        """A JetStream API call, again while the cluster answers nothing or 503: a stream
-        whose leader's server was lost elects another within seconds. Up to
-        `publish_timeout_s`, as a publish waits through a server's restart."""
-        deadline = time.monotonic() + self._settings.publish_timeout_s
-        while True:
-            try:
-                return await call(*args)
-            except (nats.errors.TimeoutError, nats.js.errors.ServiceUnavailableError):
-                if time.monotonic() > deadline:
-                    raise
-            except nats.js.errors.APIError as error:
-                if not _cluster_busy(error) or time.monotonic() > deadline:
-                    raise
-            await asyncio.sleep(0.5)
-
     async def _read(self, subject: str, after_seq: int = 0) -> list[StoredMessage]:
         # A consumer of its own for this read, deleted after it: polling readers must not
         # leave ephemeral consumers behind until the server's limit is reached.
         name = f"read-{secrets.token_hex(6)}"
         stream = self._settings.stream
-        created = await self._through_failover(
+        created = await through_failover(
+            self._settings.publish_timeout_s,
             self._js.add_consumer,
             stream,
             ConsumerConfig(

@@ -1,0 +1,49 @@
+"""JetStream calls through a cluster's leader election (`through_failover`): tried again on
+a timeout or a 503 until the deadline, never on any other refusal."""
+
+from __future__ import annotations
+
+import nats.errors
+import nats.js.errors
+import pytest
+
+from shared.messaging.jetstream import through_failover
+
+
+class Flaky:
+    def __init__(self, failures: list[Exception]) -> None:
+        self.failures = failures
+        self.calls = 0
+
+    async def __call__(self) -> str:
+        self.calls += 1
+        if self.failures:
+            raise self.failures.pop(0)
+        return "stored"
+
+
+def electing() -> Exception:
+    return nats.js.errors.ServiceUnavailableError(
+        code=503, err_code=10008, description="JetStream system temporarily unavailable"
+    )
+
+
+async def test_a_call_rides_out_an_election() -> None:
+    call = Flaky([electing(), nats.errors.TimeoutError()])
+    assert await through_failover(10.0, call) == "stored"
+    assert call.calls == 3
+
+
+async def test_past_the_deadline_the_election_is_the_callers_to_say() -> None:
+    call = Flaky([electing(), electing(), electing()])
+    with pytest.raises(nats.js.errors.ServiceUnavailableError):
+        await through_failover(0.0, call)
+    assert call.calls == 1
+
+
+async def test_any_other_refusal_is_not_tried_again() -> None:
+    refused = nats.js.errors.BadRequestError(code=400, err_code=10071, description="wrong last")
+    call = Flaky([refused])
+    with pytest.raises(nats.js.errors.BadRequestError):
+        await through_failover(10.0, call)
+    assert call.calls == 1
