@@ -84,12 +84,14 @@ def test_a_preempted_run_shows_in_every_dashboard_and_the_metrics_match_the_reco
     assert figures["result_matches_uninterrupted"] == "true", demo.stdout
     [job_id] = re.findall(r"submitted (demo-\w+)", demo.stdout)
 
-    # The dollars: the metric settles on what `spotrain cost` says for the experiment.
-    cost = spotrain(local_stack, "cost", "--by", "experiment", "--json")
-    assert cost.returncode == 0, cost.stderr
-    [row] = [r for r in json.loads(cost.stdout) if r["experiment"] == "preemption-demo"]
+    # The dollars: the metric settles on what `spotrain cost` says for the experiment. Both are
+    # read again until they agree: the demo may return before the submitter has closed the
+    # attempt's record, and until then `cost` counts the open attempt up to the moment it asks.
     deadline = time.monotonic() + SETTLED_WITHIN_S
     while True:
+        cost = spotrain(local_stack, "cost", "--by", "experiment", "--json")
+        assert cost.returncode == 0, cost.stderr
+        [row] = [r for r in json.loads(cost.stdout) if r["experiment"] == "preemption-demo"]
         exported = {
             figure: scalar(url, f'sum({metric}{{experiment="preemption-demo"}})')
             for figure, metric in (
