@@ -49,7 +49,7 @@ from shared.events.types import ObjectRef
 from shared.jobs import JobRecord, jobs_bucket, refusals_bucket
 from shared.messaging import BusSettings
 from shared.messaging.jetstream import BusUnavailableError, JetStreamBus
-from shared.messaging.kv import latest_entries
+from shared.messaging.ports import NoAnswerError
 from shared.messaging.settings import (
     CREDENTIALS_VARIABLE,
     ClientBusSettings,
@@ -202,9 +202,9 @@ class SpotrainClient:
             return await self._submit_asking(request, answer_timeout_s)
         answers: asyncio.Queue[Event[Any]] = asyncio.Queue()
 
-        async def on_answer(msg: Any) -> None:
+        async def on_answer(data: bytes) -> None:
             try:
-                event = decode(msg.data)
+                event = decode(data)
             except ValueError:
                 return
             if (
@@ -215,7 +215,7 @@ class SpotrainClient:
 
         # Subscribed before publishing, so a quick answer is not missed.
         subs = [
-            await self._bus.client.subscribe(subject_for(model, self.prefix), cb=on_answer)
+            await self._bus.listen(subject_for(model, self.prefix), on_answer)
             for model in (JobAccepted, JobRejected)
         ]
         try:
@@ -233,7 +233,7 @@ class SpotrainClient:
             return answer
         finally:
             for sub in subs:
-                await sub.unsubscribe()
+                await sub.stop()
 
     async def submit_many(
         self, requests: Sequence[JobRequested], *, answer_timeout_s: float = 30.0
@@ -257,9 +257,9 @@ class SpotrainClient:
         done = asyncio.Event()
         left = set(wanted)
 
-        async def on_answer(msg: Any) -> None:
+        async def on_answer(data: bytes) -> None:
             try:
-                event = decode(msg.data)
+                event = decode(data)
             except ValueError:
                 return
             job_id = getattr(event.data, "job_id", None)
@@ -271,7 +271,7 @@ class SpotrainClient:
 
         # Subscribed before publishing, so a quick answer is not missed.
         subs = [
-            await self._bus.client.subscribe(subject_for(model, self.prefix), cb=on_answer)
+            await self._bus.listen(subject_for(model, self.prefix), on_answer)
             for model in (JobAccepted, JobRejected)
         ]
         try:
@@ -289,7 +289,7 @@ class SpotrainClient:
             return answers
         finally:
             for sub in subs:
-                await sub.unsubscribe()
+                await sub.stop()
 
     async def cancel(self, job_id: str, requested_by: str) -> None:
         """Ask for the job to stop; a job is its owner's to cancel, or its team admin's
@@ -323,14 +323,12 @@ class SpotrainClient:
             return [
                 r for answer in await self._pages(DeskAsk(ask=Ask.JOBS)) for r in answer.records
             ]
-        js = self._bus.client.jetstream()
         try:
-            entries = await latest_entries(js, jobs_bucket(self.prefix))
-        except nats.js.errors.NotFoundError:
-            return []  # no job yet: the submitter declares the bucket
+            # Empty before the first job: the submitter declares the bucket.
+            entries = await self._bus.bucket(jobs_bucket(self.prefix)).entries()
         except nats.errors.TimeoutError as error:
             raise PlatformError("NATS did not answer in time") from error
-        records = [JobRecord.model_validate_json(entry.value or b"") for entry in entries]
+        records = [JobRecord.model_validate_json(entry.value) for entry in entries]
         return sorted(records, key=lambda r: r.accepted_at, reverse=True)
 
     async def job(self, job_id: str) -> JobRecord | None:
@@ -338,16 +336,11 @@ class SpotrainClient:
         if self._person is not None:
             answer = await self._ask(DeskAsk(ask=Ask.JOB, job_id=job_id))
             return answer.records[0] if answer.records else None
-        kv = await self._jobs_kv()
-        if kv is None:
-            return None
-        try:
-            entry = await kv.get(job_id)
-        except nats.js.errors.KeyNotFoundError:
+        found = await self._entry(jobs_bucket(self.prefix), job_id)
+        if found is None:
             # A refused request's record is kept for a while in a bucket of its own.
-            refused = await self._entry(refusals_bucket(jobs_bucket(self.prefix)), job_id)
-            return JobRecord.model_validate_json(refused) if refused else None
-        return JobRecord.model_validate_json(entry.value) if entry.value else None
+            found = await self._entry(refusals_bucket(jobs_bucket(self.prefix)), job_id)
+        return JobRecord.model_validate_json(found) if found else None
 
     async def history(self, job_id: str) -> list[Event[EventData]]:
         """Every stored event about the job, oldest first."""
@@ -375,16 +368,16 @@ class SpotrainClient:
         queue: asyncio.Queue[Event[EventData]] = asyncio.Queue()
         seen: set[str] = set()
 
-        async def on_event(msg: Any) -> None:
+        async def on_event(data: bytes) -> None:
             try:
-                event = decode(msg.data)
+                event = decode(data)
             except ValueError:
                 return
             if getattr(event.data, "job_id", None) == job_id:
                 queue.put_nowait(event)
 
         # Subscribed before reading the history, so nothing falls between the two.
-        sub = await self._bus.client.subscribe(f"{self.prefix}.job.>", cb=on_event)
+        sub = await self._bus.listen(f"{self.prefix}.job.>", on_event)
         try:
             for event in await self.history(job_id):
                 seen.add(event.id)
@@ -401,7 +394,7 @@ class SpotrainClient:
                     return
         finally:
             with contextlib.suppress(nats.errors.Error):
-                await sub.unsubscribe()
+                await sub.stop()
 
     async def cost_events(self) -> list[Event[EventData]]:
         """The stored events cost accounting reads (node lifetimes, job placements and
@@ -485,15 +478,15 @@ class SpotrainClient:
         assert self._person is not None
         subject = desk_subject(self.prefix, self._person)
         try:
-            reply = await self._bus.client.request(
-                subject, ask.model_dump_json().encode(), timeout=ask.wait_s + 5
+            reply = await self._bus.request(
+                subject, ask.model_dump_json().encode(), timeout_s=ask.wait_s + 5
             )
-        except nats.errors.NoRespondersError:
+        except NoAnswerError:
             msg = "the submitter is not answering (its records desk is not up); try again soon"
             raise PlatformError(msg) from None
-        except nats.errors.TimeoutError:
+        except TimeoutError:
             raise PlatformError("the submitter's records desk did not answer in time") from None
-        answer = DeskAnswer.model_validate_json(reply.data)
+        answer = DeskAnswer.model_validate_json(reply)
         if answer.refused is not None:
             raise DeskRefusedError(answer.refused, answer.retry_after_s)
         return answer
@@ -561,21 +554,13 @@ class SpotrainClient:
         return await self._entry(pools_bucket(self.prefix), key)
 
     async def _entry(self, bucket: str, key: str) -> bytes | None:
+        """The key's value; None while the bucket or the key has none. Through a cluster's
+        election (the bucket's port waits for a new leader), then one line."""
         try:
-            kv = await self._bus.client.jetstream().key_value(bucket)
-            entry = await kv.get(key)
-        except (nats.js.errors.BucketNotFoundError, nats.js.errors.NotFoundError):
-            return None
-        value: bytes | None = entry.value
-        return value
-
-    async def _jobs_kv(self) -> Any:
-        try:
-            return await self._bus.client.jetstream().key_value(jobs_bucket(self.prefix))
-        except (nats.js.errors.BucketNotFoundError, nats.js.errors.NotFoundError):
-            return None
+            entry = await self._bus.bucket(bucket).get(key)
         except nats.errors.TimeoutError as error:
             raise PlatformError("NATS did not answer in time") from error
+        return entry.value if entry is not None else None
 
 
 def _decoded(answers: Iterable[DeskAnswer]) -> list[Event[EventData]]:

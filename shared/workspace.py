@@ -19,7 +19,7 @@ from nats.js import JetStreamContext
 from nats.js.api import ObjectStoreConfig, StorageType
 
 from shared.events.types import ObjectRef
-from shared.messaging.jetstream import through_failover
+from shared.messaging.failover import through_failover
 
 DEFAULT_LIMIT_BYTES = 100 * 1024**2
 """The most a workspace holds, packed or unpacked."""

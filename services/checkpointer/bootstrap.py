@@ -13,26 +13,21 @@ from services.checkpointer.settings import CheckpointerSettings
 from shared.clock import SystemClock
 from shared.jobs import jobs_bucket
 from shared.messaging import EventBus, Subscription, bind_routes
-from shared.messaging.jetstream import JetStreamBus
-from shared.messaging.kv_store import JetStreamKeyValue
 from shared.pools import PoolsBucket, pools_bucket
 from shared.runtime import ServiceDefinition, Ticker
 
 
 async def bootstrap(bus: EventBus, stack: AsyncExitStack) -> ServiceDefinition:
     settings = CheckpointerSettings()
-    if not isinstance(bus, JetStreamBus):
-        msg = "the checkpointer reads job records from JetStream; it needs the JetStream bus"
-        raise TypeError(msg)
     metrics.declare()
     deps = Deps(
         bus=bus,
         clock=SystemClock(),
-        jobs=KvJobReader(JetStreamKeyValue.of(bus.client.jetstream(), jobs_bucket(bus.prefix))),
+        jobs=KvJobReader(bus.bucket(jobs_bucket(bus.prefix))),
         checkpoints=StorageCheckpoints(),
         ray=RayGcsNodes(settings.ray_gcs_address),
         config=settings.recovery_config(),
-        pools=PoolsBucket(JetStreamKeyValue.of(bus.client.jetstream(), pools_bucket(bus.prefix))),
+        pools=PoolsBucket(bus.bucket(pools_bucket(bus.prefix))),
         moves=settings.move_config(),
     )
 

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from contextlib import AsyncExitStack
 
 from services.scaler import metrics
-from services.scaler.adapters.cost_feed import JetStreamCostFeed
+from services.scaler.adapters.cost_feed import StreamCostFeed
 from services.scaler.adapters.kv_demand import KvDemandStore
 from services.scaler.adapters.local_ray import LocalPoolProvider
 from services.scaler.adapters.node_history import BusNodeHistory
@@ -36,7 +36,6 @@ from shared.localstack.market import (
 )
 from shared.localstack.settings import LocalStackSettings
 from shared.messaging import EventBus, Subscription, bind_routes
-from shared.messaging.jetstream import JetStreamBus
 from shared.pools import pools_bucket
 from shared.runtime import ServiceDefinition, Ticker, Watch
 from shared.runtime.leadership import Leadership
@@ -44,12 +43,7 @@ from shared.runtime.leadership import Leadership
 
 async def bootstrap(bus: EventBus, stack: AsyncExitStack) -> ServiceDefinition:
     settings = ScalerSettings()
-    if not isinstance(bus, JetStreamBus):
-        msg = "the scaler keeps its demand in JetStream; it needs the JetStream bus"
-        raise TypeError(msg)
-    bucket = await KvDemandStore.open(
-        bus.client.jetstream(), pools_bucket(bus.prefix), replicas=bus.replicas
-    )
+    bucket = await KvDemandStore.open(bus, pools_bucket(bus.prefix))
     markets: dict[str, LocalMarket] = {}
     if settings.provider == "local":
         local = LocalStackSettings(home=settings.local_home)
@@ -72,7 +66,7 @@ async def bootstrap(bus: EventBus, stack: AsyncExitStack) -> ServiceDefinition:
     )
 
     metrics.declare_pools(deps.pools)
-    feed = JetStreamCostFeed(bus)
+    feed = StreamCostFeed(bus)
 
     async def tick() -> None:
         await reconcile(deps)

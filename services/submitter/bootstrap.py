@@ -27,7 +27,6 @@ from shared.clock import SystemClock
 from shared.jobs import jobs_bucket
 from shared.messaging import EventBus, Subscription, bind_routes
 from shared.messaging.jetstream import JetStreamBus
-from shared.messaging.kv_store import JetStreamKeyValue
 from shared.pools import PoolsBucket, pools_bucket
 from shared.runtime import ServiceDefinition, Ticker, Watch
 from shared.teams import teams_bucket
@@ -37,7 +36,8 @@ from shared.workspace import declare_stores, workspaces_bucket
 async def bootstrap(bus: EventBus, stack: AsyncExitStack) -> ServiceDefinition:
     settings = SubmitterSettings()
     if not isinstance(bus, JetStreamBus):
-        msg = "the submitter keeps its records in JetStream; it needs the JetStream bus"
+        # The workspaces' object stores and the desk's answers to people are NATS's own.
+        msg = "the submitter keeps workspaces in JetStream object stores; it needs that bus"
         raise TypeError(msg)
     metrics.declare()
     js = bus.client.jetstream()
@@ -46,18 +46,13 @@ async def bootstrap(bus: EventBus, stack: AsyncExitStack) -> ServiceDefinition:
     # A bad teams file stops the start here, with its one line; once running, a bad edit
     # is refused and the last valid teams stay (TeamsFile).
     teams = TeamsFile(settings.teams_file) if settings.teams_file is not None else None
-    holds = (
-        await KvTeamHolds.open(js, teams_bucket(bus.prefix), replicas=bus.replicas)
-        if teams is not None
-        else None
-    )
+    holds = await KvTeamHolds.open(bus, teams_bucket(bus.prefix)) if teams is not None else None
     deps = Deps(
         bus=bus,
         clock=SystemClock(),
         store=await KvJobStore.open(
-            js,
+            bus,
             jobs_bucket(bus.prefix),
-            replicas=bus.replicas,
             refusals_max_age_s=settings.refused_records_max_age_s,
         ),
         ray=RayJobSubmission(settings.ray_address),
@@ -75,9 +70,7 @@ async def bootstrap(bus: EventBus, stack: AsyncExitStack) -> ServiceDefinition:
         give_way_grace_s=settings.give_way_grace_s,
         short_of_workers_fallback_s=settings.short_of_workers_fallback_s,
         worker_check_interval_s=settings.track_interval_s * 5,
-        pools=PoolsBucket(JetStreamKeyValue.of(js, pools_bucket(bus.prefix)))
-        if teams is not None
-        else None,
+        pools=PoolsBucket(bus.bucket(pools_bucket(bus.prefix))) if teams is not None else None,
         default_max_hours=settings.default_max_hours,
         driver_labels=settings.driver_labels,
         admission_view_max_age_s=settings.admission_view_max_age_s,
@@ -111,7 +104,7 @@ async def bootstrap(bus: EventBus, stack: AsyncExitStack) -> ServiceDefinition:
 
     # People with credentials of their own read jobs through the desk, never the bucket.
     # A person's share of requests is theirs across the replicas, not theirs from each.
-    allowances = await KvAllowances.open(js, bus.prefix, replicas=bus.replicas)
+    allowances = await KvAllowances.open(bus, bus.prefix)
     desk = RecordsDesk(bus, deps.store, teams, deps.ray, allowances)
 
     return ServiceDefinition(

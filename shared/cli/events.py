@@ -32,7 +32,8 @@ from shared.events import CATALOG, EventData, InvalidEventError, decode, subject
 from shared.events.catalog import replay_subjects_for
 from shared.events.data import NodeLaunched, NodeLost, NodeReleased
 from shared.messaging import BusSettings
-from shared.messaging.jetstream import BusUnavailableError, JetStreamBus, StreamRecord
+from shared.messaging.jetstream import BusUnavailableError, JetStreamBus
+from shared.messaging.ports import StreamRecord
 from shared.replay import (
     event_types,
     import_lines,

@@ -49,7 +49,6 @@ from shared.localstack.settings import (
     NatsServerPorts,
 )
 from shared.messaging.jetstream import JetStreamBus
-from shared.messaging.kv_store import JetStreamKeyValue
 from shared.messaging.settings import BusSettings
 from shared.natsauth import NatsConfig, write_nats_config
 from shared.spot_traces import SpotMarketOption
@@ -438,11 +437,7 @@ def _lease_holders(settings: LocalStackSettings) -> dict[str, str | None]:
     async def read() -> dict[str, str | None]:
         bus = await JetStreamBus.connect(_bus_as_scaler(settings), name="status")
         try:
-            kv = JetStreamKeyValue(
-                bus.client.jetstream(),
-                await bus.client.jetstream().key_value(leases_bucket(bus.prefix)),
-                leases_bucket(bus.prefix),
-            )
+            kv = bus.bucket(leases_bucket(bus.prefix))
             holders: dict[str, str | None] = {}
             for service in SERVICES:
                 record = read_record(await kv.get(service))

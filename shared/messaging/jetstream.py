@@ -8,17 +8,18 @@ import re
 import secrets
 import ssl
 import time
-from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
 from types import TracebackType
-from typing import Any, Self, TypeVar
+from typing import Any, Self
 
 import nats.errors
 import nats.js.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription as NatsSubscription
 from nats.js import JetStreamContext
 from nats.js.api import (
     AckPolicy,
@@ -42,7 +43,17 @@ from shared.messaging.delivery import (
     Subscription,
     settle,
 )
-from shared.messaging.ports import PublishAck, StoredMessage
+from shared.messaging.failover import cluster_busy, through_failover
+from shared.messaging.kv_store import JetStreamKeyValue
+from shared.messaging.ports import (
+    KeyValue,
+    Listening,
+    NoAnswerError,
+    OnMessage,
+    PublishAck,
+    StoredMessage,
+    StreamRecord,
+)
 from shared.messaging.settings import BusSettings
 
 log = deferred_logger()
@@ -70,28 +81,8 @@ class BusAuthenticationError(RuntimeError):
     """The NATS server refused the connection's user, password or credentials."""
 
 
-T = TypeVar("T")
-
 READ_UNAVAILABLE_TRIES = 25
 """Fetches a read retries while its consumer has no responder (about 5 s)."""
-
-
-async def through_failover(timeout_s: float, call: Callable[..., Awaitable[T]], *args: Any) -> T:
-    """A JetStream API call (or a few, as one), again while the cluster answers nothing
-    or 503: a stream whose leader's server was lost elects another within seconds. Up to
-    `timeout_s`; the bus's own calls wait `publish_timeout_s`, as a publish does through a
-    server's restart."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            return await call(*args)
-        except (nats.errors.TimeoutError, nats.js.errors.ServiceUnavailableError):
-            if time.monotonic() > deadline:
-                raise
-        except nats.js.errors.APIError as error:
-            if not _cluster_busy(error) or time.monotonic() > deadline:
-                raise
-        await asyncio.sleep(0.5)
 
 
 class BusSettingsError(RuntimeError):
@@ -102,12 +93,6 @@ class BusSettingsError(RuntimeError):
 TOO_FEW_SERVERS = (10023, 10074)
 """JetStream's error codes when no set of servers can hold the copies asked for: a
 cluster's "insufficient resources", a single server's "replicas > 1 not supported"."""
-CLUSTER_UNAVAILABLE = 10008
-"""JetStream's error code while its cluster has no leader: 'temporarily unavailable'."""
-
-
-def _cluster_busy(error: nats.js.errors.APIError) -> bool:
-    return error.err_code == CLUSTER_UNAVAILABLE or error.code == 503
 
 
 def _too_many_replicas(replicas: int, error: nats.js.errors.APIError) -> str:
@@ -225,17 +210,6 @@ class PermissionChecked:
         raise BusPermissionError(
             self._bus.user, refusal.refused, subject or refusal.subject, doing
         ) from None
-
-
-@dataclass(frozen=True)
-class StreamRecord:
-    """A stored message and when the stream stored it: what windowed reads yield."""
-
-    seq: int
-    subject: str
-    data: bytes
-    headers: Mapping[str, str]
-    stored_at: datetime
 
 
 @dataclass(frozen=True)
@@ -412,7 +386,7 @@ class JetStreamBus:
                 except nats.js.errors.APIError as error:
                     if error.err_code in TOO_FEW_SERVERS:
                         raise BusSettingsError(_too_many_replicas(s.replicas, error)) from None
-                    if not _cluster_busy(error) or time.monotonic() > deadline:
+                    if not cluster_busy(error) or time.monotonic() > deadline:
                         raise
                 except nats.errors.TimeoutError:
                     # A cluster electing its JetStream leader answers nothing meanwhile;
@@ -432,6 +406,43 @@ class JetStreamBus:
             log.info("stream.created", stream=name, replicas=config.num_replicas)
         else:
             await self._js.update_stream(config)
+
+    async def declare_bucket(
+        self, bucket: str, *, history: int = 1, ttl_s: float | None = None
+    ) -> KeyValue:
+        try:
+            return await JetStreamKeyValue.declare(
+                self._js,
+                bucket,
+                replicas=self.replicas,
+                history=history,
+                ttl_s=ttl_s,
+                failover_s=self._settings.publish_timeout_s,
+            )
+        except nats.js.errors.APIError as error:
+            if error.err_code in TOO_FEW_SERVERS:
+                raise BusSettingsError(_too_many_replicas(self.replicas, error)) from None
+            raise
+
+    def bucket(self, bucket: str) -> KeyValue:
+        return JetStreamKeyValue.of(self._js, bucket, failover_s=self._settings.publish_timeout_s)
+
+    async def listen(self, subject: str, on_message: OnMessage) -> Listening:
+        async def heard(msg: Msg) -> None:
+            await on_message(msg.data)
+
+        return _Listening(await self._nc.subscribe(subject, cb=heard))
+
+    async def request(self, subject: str, data: bytes, *, timeout_s: float) -> bytes:
+        try:
+            reply = await self._nc.request(subject, data, timeout=timeout_s)
+        except nats.errors.NoRespondersError:
+            raise NoAnswerError(subject) from None
+        except nats.errors.TimeoutError:
+            msg = f"no answer on {subject} within {timeout_s:g} s"
+            raise TimeoutError(msg) from None
+        data_: bytes = reply.data
+        return data_
 
     async def close(self) -> None:
         """Flush what is buffered and close; in-flight handlers must have finished."""
@@ -838,6 +849,15 @@ class JetStreamBus:
 
     async def _on_reconnected(self) -> None:
         log.info("nats.reconnected", url=self._settings.nats_url)
+
+
+class _Listening:
+    def __init__(self, subscription: NatsSubscription) -> None:
+        self._subscription = subscription
+
+    async def stop(self) -> None:
+        with contextlib.suppress(*_TRANSIENT, nats.errors.BadSubscriptionError):
+            await self._subscription.unsubscribe()
 
 
 def _record(msg: Msg) -> StreamRecord:

@@ -12,30 +12,48 @@ from nats.js import JetStreamContext
 from nats.js.api import KeyValueConfig, StorageType
 from nats.js.kv import KeyValue as NatsKeyValue
 
+from shared.messaging.failover import through_failover
 from shared.messaging.kv import latest_entries
-from shared.messaging.ports import Entry
+from shared.messaging.ports import Entry, check_key_prefix
 
 WRONG_LAST_SEQUENCE = 10071
 """JetStream's error code for a write whose expected revision is not the key's latest."""
 
 
+FAILOVER_S = 10.0
+"""How long a call waits through a cluster's leader election (seconds, as a publish waits)."""
+
+
 class JetStreamKeyValue:
-    def __init__(self, js: JetStreamContext, kv: NatsKeyValue | None, bucket: str) -> None:
+    """Every call rides out a cluster's leader election (`through_failover`): a bucket of
+    three copies answers again within seconds of losing the server that led it."""
+
+    def __init__(
+        self,
+        js: JetStreamContext,
+        kv: NatsKeyValue | None,
+        bucket: str,
+        *,
+        failover_s: float = FAILOVER_S,
+    ) -> None:
         self._js = js
         self._kv = kv
         self._bucket = bucket
+        self._failover_s = failover_s
 
     @classmethod
-    def of(cls, js: JetStreamContext, bucket: str) -> Self:
+    def of(cls, js: JetStreamContext, bucket: str, *, failover_s: float = FAILOVER_S) -> Self:
         """A bucket another process declares, looked up on first use: until it exists it
         reads as empty (a reader started before its writer)."""
-        return cls(js, None, bucket)
+        return cls(js, None, bucket, failover_s=failover_s)
 
     async def _handle(self) -> NatsKeyValue | None:
         if self._kv is None:
             try:
-                self._kv = await self._js.key_value(self._bucket)
-            except nats.js.errors.BucketNotFoundError:
+                self._kv = await through_failover(
+                    self._failover_s, self._js.key_value, self._bucket
+                )
+            except (nats.js.errors.BucketNotFoundError, nats.js.errors.NotFoundError):
                 return None
         return self._kv
 
@@ -48,25 +66,25 @@ class JetStreamKeyValue:
         replicas: int = 1,
         history: int = 1,
         ttl_s: float | None = None,
+        failover_s: float = FAILOVER_S,
     ) -> Self:
         """The bucket, declared by its writer at start (idempotent)."""
-        kv = await js.create_key_value(
-            KeyValueConfig(
-                bucket=bucket,
-                history=history,
-                storage=StorageType.FILE,
-                replicas=replicas,
-                ttl=ttl_s,
-            )
+        config = KeyValueConfig(
+            bucket=bucket,
+            history=history,
+            storage=StorageType.FILE,
+            replicas=replicas,
+            ttl=ttl_s,
         )
-        return cls(js, kv, bucket)
+        kv = await through_failover(failover_s, js.create_key_value, config)
+        return cls(js, kv, bucket, failover_s=failover_s)
 
     async def get(self, key: str) -> Entry | None:
         kv = await self._handle()
         if kv is None:
             return None
         try:
-            entry = await kv.get(key)
+            entry = await through_failover(self._failover_s, kv.get, key)
         except nats.js.errors.KeyNotFoundError:  # deleted and purged markers too
             return None
         if entry.value is None or entry.revision is None:
@@ -74,20 +92,29 @@ class JetStreamKeyValue:
         return Entry(key=key, value=entry.value, revision=entry.revision)
 
     async def create(self, key: str, value: bytes) -> int | None:
+        kv = await self._writable()
         try:
-            return await (await self._writable()).create(key, value)
+            return await through_failover(self._failover_s, kv.create, key, value)
         except nats.js.errors.KeyWrongLastSequenceError:
             return None
 
     async def update(self, key: str, value: bytes, *, revision: int) -> int | None:
+        kv = await self._writable()
         try:
-            return await (await self._writable()).update(key, value, last=revision)
+            return await through_failover(self._failover_s, _update, kv, key, value, revision)
         except nats.js.errors.KeyWrongLastSequenceError:
             return None
 
+    async def put(self, key: str, value: bytes) -> int:
+        kv = await self._writable()
+        return await through_failover(self._failover_s, kv.put, key, value)
+
     async def delete(self, key: str, *, revision: int | None = None) -> bool:
+        kv = await self._writable()
         try:
-            return await (await self._writable()).delete(key, last=revision)
+            return await through_failover(self._failover_s, _delete, kv, key, revision)
+        except nats.js.errors.KeyNotFoundError:
+            return revision is None
         except nats.js.errors.KeyWrongLastSequenceError:
             return False
         except nats.js.errors.BadRequestError as error:
@@ -96,12 +123,16 @@ class JetStreamKeyValue:
                 return False
             raise
 
-    async def entries(self) -> list[Entry]:
+    async def entries(self, prefix: str = "") -> list[Entry]:
+        check_key_prefix(prefix)
         if await self._handle() is None:
             return []
+        latest = await through_failover(
+            self._failover_s, latest_entries, self._js, self._bucket, f"{prefix}>"
+        )
         return [
             Entry(key=entry.key, value=entry.value, revision=entry.revision)
-            for entry in await latest_entries(self._js, self._bucket)
+            for entry in latest
             if entry.value is not None and entry.revision is not None
         ]
 
@@ -113,32 +144,51 @@ class JetStreamKeyValue:
         return kv
 
 
+async def _update(kv: NatsKeyValue, key: str, value: bytes, revision: int) -> int:
+    return await kv.update(key, value, last=revision)
+
+
+async def _delete(kv: NatsKeyValue, key: str, revision: int | None) -> bool:
+    return await kv.delete(key, last=revision)
+
+
 class InMemoryKeyValue:
     """The same contract in one process: revisions count up across the bucket, as a
-    stream's sequence does."""
+    stream's sequence does. Its time-to-live is not kept: a test that needs values to
+    expire uses the real bucket."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, declared: bool = True) -> None:
         self._entries: dict[str, Entry] = {}
         self._revision = 0
         self._lock = asyncio.Lock()
+        self.declared = declared
+        """False for a bucket looked up before its writer declared it: reads empty."""
 
     async def get(self, key: str) -> Entry | None:
         return self._entries.get(key)
 
     async def create(self, key: str, value: bytes) -> int | None:
+        self._writable()
         async with self._lock:
             if key in self._entries:
                 return None
             return self._put(key, value)
 
     async def update(self, key: str, value: bytes, *, revision: int) -> int | None:
+        self._writable()
         async with self._lock:
             current = self._entries.get(key)
             if current is None or current.revision != revision:
                 return None
             return self._put(key, value)
 
+    async def put(self, key: str, value: bytes) -> int:
+        self._writable()
+        async with self._lock:
+            return self._put(key, value)
+
     async def delete(self, key: str, *, revision: int | None = None) -> bool:
+        self._writable()
         async with self._lock:
             current = self._entries.get(key)
             if revision is not None and (current is None or current.revision != revision):
@@ -148,8 +198,17 @@ class InMemoryKeyValue:
             self._revision += 1  # a delete is a write, as a stream stores its marker
             return True
 
-    async def entries(self) -> list[Entry]:
-        return sorted(self._entries.values(), key=lambda entry: entry.key)
+    async def entries(self, prefix: str = "") -> list[Entry]:
+        check_key_prefix(prefix)
+        return sorted(
+            (entry for key, entry in self._entries.items() if key.startswith(prefix)),
+            key=lambda entry: entry.key,
+        )
+
+    def _writable(self) -> None:
+        if not self.declared:
+            msg = "the bucket is not declared: its writer declares it at start"
+            raise nats.js.errors.BucketNotFoundError(description=msg)
 
     def _put(self, key: str, value: bytes) -> int:
         self._revision += 1

@@ -7,8 +7,9 @@ counts deliveries, honours nak delays and dead-letters through the same `settle`
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 import structlog
@@ -31,7 +32,16 @@ from shared.messaging.delivery import (
     Subscription,
     settle,
 )
-from shared.messaging.ports import PublishAck, StoredMessage
+from shared.messaging.kv_store import InMemoryKeyValue
+from shared.messaging.ports import (
+    KeyValue,
+    Listening,
+    NoAnswerError,
+    OnMessage,
+    PublishAck,
+    StoredMessage,
+    StreamRecord,
+)
 
 log = structlog.get_logger()
 
@@ -44,15 +54,33 @@ class _Consumer:
     ready: asyncio.Queue[int] = field(default_factory=asyncio.Queue)
 
 
+@dataclass
+class _Listener:
+    subject: str
+    on_message: OnMessage
+    listeners: list[_Listener]
+
+    async def stop(self) -> None:
+        if self in self.listeners:
+            self.listeners.remove(self)
+
+
 class InMemoryBus:
     """`EventBus` in one process; `messages` is the whole stream, for assertions."""
 
     def __init__(self, prefix: str = DEFAULT_PREFIX) -> None:
         self._prefix = prefix
         self.messages: list[StoredMessage] = []
+        self._stored_at: list[datetime] = []
         self._ids: set[str] = set()
         self._consumers: dict[str, _Consumer] = {}
         self._stored = asyncio.Event()
+        self._followed = asyncio.Event()
+        """Set at each store, for followers (consumers have `_stored`, cleared as they read)."""
+        self._buckets: dict[str, InMemoryKeyValue] = {}
+        self._listeners: list[_Listener] = []
+        self.answerers: dict[str, Callable[[bytes], Awaitable[bytes]]] = {}
+        """Who answers a request on each subject: a test's stand-in for a service."""
 
     @property
     def prefix(self) -> str:
@@ -77,11 +105,69 @@ class InMemoryBus:
             self._ids.add(msg_id)
         seq = len(self.messages) + 1
         self.messages.append(StoredMessage(seq=seq, subject=subject, data=data, headers=headers))
+        self._stored_at.append(datetime.now(UTC))
         self._stored.set()
+        self._followed.set()
+        for listener in list(self._listeners):
+            if subject_matches(listener.subject, subject):
+                await listener.on_message(data)
         return PublishAck(seq=seq, duplicate=False)
 
     async def read(self, subject: str) -> list[StoredMessage]:
         return [m for m in self.messages if subject_matches(subject, m.subject)]
+
+    async def declare_bucket(
+        self, bucket: str, *, history: int = 1, ttl_s: float | None = None
+    ) -> KeyValue:
+        kv = self._buckets.setdefault(bucket, InMemoryKeyValue())
+        kv.declared = True
+        return kv
+
+    def bucket(self, bucket: str) -> KeyValue:
+        return self._buckets.setdefault(bucket, InMemoryKeyValue(declared=False))
+
+    async def follow(
+        self, subjects: Sequence[str], stop: asyncio.Event, *, since: datetime | None = None
+    ) -> AsyncGenerator[StreamRecord, None]:
+        if since is None:
+            seq = len(self.messages)
+        else:
+            seq = next(
+                (i for i, at in enumerate(self._stored_at) if at >= since), len(self._stored_at)
+            )
+        stopping = asyncio.ensure_future(stop.wait())
+        try:
+            while not stop.is_set():
+                while seq < len(self.messages):
+                    message = self.messages[seq]
+                    seq += 1
+                    if any(subject_matches(s, message.subject) for s in subjects):
+                        yield StreamRecord(
+                            seq=message.seq,
+                            subject=message.subject,
+                            data=message.data,
+                            headers=message.headers,
+                            stored_at=self._stored_at[message.seq - 1],
+                        )
+                self._followed.clear()
+                if seq < len(self.messages):
+                    continue
+                stored = asyncio.ensure_future(self._followed.wait())
+                await asyncio.wait({stored, stopping}, return_when=asyncio.FIRST_COMPLETED)
+                stored.cancel()
+        finally:
+            stopping.cancel()
+
+    async def listen(self, subject: str, on_message: OnMessage) -> Listening:
+        listener = _Listener(subject, on_message, self._listeners)
+        self._listeners.append(listener)
+        return listener
+
+    async def request(self, subject: str, data: bytes, *, timeout_s: float) -> bytes:
+        answerer = self.answerers.get(subject)
+        if answerer is None:
+            raise NoAnswerError(subject)
+        return await asyncio.wait_for(answerer(data), timeout=timeout_s)
 
     async def consume(self, subscription: Subscription, stop: asyncio.Event) -> None:
         consumer = self._consumers.setdefault(

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Protocol
 
 from shared.events import Event
@@ -29,42 +30,28 @@ class StoredMessage:
     headers: Mapping[str, str]
 
 
-class EventPublisher(Protocol):
-    async def publish(self, event: Event[Any]) -> PublishAck:
-        """Store one event on its subject.
+OnMessage = Callable[[bytes], Awaitable[None]]
 
-        Idempotent by event id within the de-duplication window. Retries through a server
-        restart until the bus's publish timeout; raises only when the bus stays unreachable.
-        """
+
+@dataclass(frozen=True)
+class StreamRecord:
+    """A stored message and when the stream stored it: what windowed reads yield."""
+
+    seq: int
+    subject: str
+    data: bytes
+    headers: Mapping[str, str]
+    stored_at: datetime
+
+
+class Listening(Protocol):
+    async def stop(self) -> None:
+        """Hear no more; safe to call twice, and once the bus is closed."""
         ...
 
 
-class EventBus(EventPublisher, Protocol):
-    @property
-    def prefix(self) -> str: ...
-
-    async def publish_many(self, events: Sequence[Event[Any]]) -> list[PublishAck]:
-        """Publish a batch, pipelined; same guarantees as `publish` for each event."""
-        ...
-
-    async def publish_raw(
-        self, subject: str, data: bytes, headers: Mapping[str, str] | None = None
-    ) -> PublishAck:
-        """Store bytes as they are: for outside tools, and for tests of bad input."""
-        ...
-
-    async def consume(self, subscription: Subscription, stop: asyncio.Event) -> None:
-        """Deliver the subscription's events to its handlers until `stop` is set.
-
-        At least once: a message is acked only after its handler returned; a failing handler
-        is retried with backoff, then dead-lettered with the reason, as is a message that can
-        never be valid. Returns after the in-flight handlers have finished.
-        """
-        ...
-
-    async def read(self, subject: str) -> list[StoredMessage]:
-        """Every stored message on `subject` (wildcards allowed), oldest first."""
-        ...
+class NoAnswerError(RuntimeError):
+    """Nobody answers on the subject a request was sent to (its service is not up)."""
 
 
 @dataclass(frozen=True)
@@ -91,10 +78,96 @@ class KeyValue(Protocol):
         """Set the key if `revision` is still its latest; the new revision, else None."""
         ...
 
+    async def put(self, key: str, value: bytes) -> int:
+        """Set the key whatever it holds (one writer's own key): the new revision."""
+        ...
+
     async def delete(self, key: str, *, revision: int | None = None) -> bool:
         """Delete the key (if `revision` is still its latest, when given); False if not."""
         ...
 
-    async def entries(self) -> list[Entry]:
-        """Every key's latest value, the deleted left out."""
+    async def entries(self, prefix: str = "") -> list[Entry]:
+        """Every key's latest value, the deleted left out; only keys under `prefix` when
+        given (`demand.`: it ends with the dot that separates a key's tokens)."""
+        ...
+
+
+def check_key_prefix(prefix: str) -> None:
+    """A key prefix is whole tokens (`demand.`), as a NATS subject filter can name them."""
+    if prefix and not prefix.endswith("."):
+        msg = f"a key prefix ends with '.', not {prefix!r}"
+        raise ValueError(msg)
+
+
+class Buckets(Protocol):
+    """Where key-value buckets are declared and found."""
+
+    async def declare_bucket(
+        self, bucket: str, *, history: int = 1, ttl_s: float | None = None
+    ) -> KeyValue:
+        """A key-value bucket, declared by its writer at start (idempotent), with as many
+        copies as the bus keeps of its stream; a key's value expires `ttl_s` after its
+        write when given."""
+        ...
+
+    def bucket(self, bucket: str) -> KeyValue:
+        """A bucket another process declares: it reads as empty, and refuses writes, until
+        then (a reader may start before its writer)."""
+        ...
+
+
+class EventPublisher(Protocol):
+    async def publish(self, event: Event[Any]) -> PublishAck:
+        """Store one event on its subject.
+
+        Idempotent by event id within the de-duplication window. Retries through a server
+        restart until the bus's publish timeout; raises only when the bus stays unreachable.
+        """
+        ...
+
+
+class EventBus(EventPublisher, Buckets, Protocol):
+    @property
+    def prefix(self) -> str: ...
+
+    async def publish_many(self, events: Sequence[Event[Any]]) -> list[PublishAck]:
+        """Publish a batch, pipelined; same guarantees as `publish` for each event."""
+        ...
+
+    async def publish_raw(
+        self, subject: str, data: bytes, headers: Mapping[str, str] | None = None
+    ) -> PublishAck:
+        """Store bytes as they are: for outside tools, and for tests of bad input."""
+        ...
+
+    async def consume(self, subscription: Subscription, stop: asyncio.Event) -> None:
+        """Deliver the subscription's events to its handlers until `stop` is set.
+
+        At least once: a message is acked only after its handler returned; a failing handler
+        is retried with backoff, then dead-lettered with the reason, as is a message that can
+        never be valid. Returns after the in-flight handlers have finished.
+        """
+        ...
+
+    async def read(self, subject: str) -> list[StoredMessage]:
+        """Every stored message on `subject` (wildcards allowed), oldest first."""
+        ...
+
+    def follow(
+        self, subjects: Sequence[str], stop: asyncio.Event, *, since: datetime | None = None
+    ) -> AsyncGenerator[StreamRecord, None]:
+        """The messages on `subjects` as the stream stores them (from `since` when given,
+        else from now on), oldest first, until `stop` is set: what a service reads beside
+        its consumers, and never acknowledges."""
+        ...
+
+    async def listen(self, subject: str, on_message: OnMessage) -> Listening:
+        """Hear the messages stored on `subject` (wildcards allowed) from now on, as they
+        are stored, until `stop` is called on what this returns: for a client that waits
+        for an answer. At most once: a service consumes or follows instead."""
+        ...
+
+    async def request(self, subject: str, data: bytes, *, timeout_s: float) -> bytes:
+        """Ask whoever answers on `subject` and wait for the answer: `NoAnswerError` when
+        nobody answers there, `TimeoutError` when the answer does not come in time."""
         ...

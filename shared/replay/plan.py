@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from shared.events import InvalidEventError, decode
 from shared.events.catalog import replay_subject
 from shared.messaging.dead_letters import MSG_ID, ORIGINAL_SEQ, ORIGINAL_SUBJECT
-from shared.messaging.jetstream import StreamRecord
+from shared.messaging.ports import StreamRecord
 
 REPLAY_RUN = "Spotrain-Replay-Run"
 """Header of a replay copy: the run that published it."""

@@ -25,7 +25,6 @@ from shared.logs import configure_logging
 from shared.messaging import BusSettings, EventBus, Subscription
 from shared.messaging.delivery import declare_dead_letters
 from shared.messaging.jetstream import BusSettingsError, JetStreamBus
-from shared.messaging.kv_store import JetStreamKeyValue
 from shared.messaging.metrics import BUS_CONNECTED, SERVICE_LEADING
 from shared.runtime.http import start_http_endpoint
 from shared.runtime.leadership import LeaderLease, Leadership
@@ -180,15 +179,13 @@ async def serve(
 
 
 async def _lease_of(
-    name: str, bus: JetStreamBus, runtime: RuntimeSettings, definition: ServiceDefinition
+    name: str, bus: EventBus, runtime: RuntimeSettings, definition: ServiceDefinition
 ) -> LeaderLease | None:
     """The service's lease, where it has work that must happen once."""
     once = [t.leader_only for t in definition.tickers] + [w.leader_only for w in definition.watches]
     if not any(once):
         return None
-    kv = await JetStreamKeyValue.declare(
-        bus.client.jetstream(), leases_bucket(bus.prefix), replicas=bus.replicas
-    )
+    kv = await bus.declare_bucket(leases_bucket(bus.prefix))
     lease = LeaderLease(kv, name, runtime.replica, times=runtime.lease_times())
     if definition.leadership is not None:
         definition.leadership.bind(lease)

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import secrets
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import nats.js.errors
 import pytest
 
 from shared.events import Event, decode, dlq_subject, subject_for, subject_of
@@ -18,6 +22,7 @@ from shared.messaging import (
 )
 from shared.messaging.dead_letters import DELIVERIES, ORIGINAL_SUBJECT, REASON, SERVICE
 from shared.messaging.memory import InMemoryBus
+from shared.messaging.ports import NoAnswerError
 from tests.async_helpers import consuming, eventually
 from tests.events import job_requested
 
@@ -264,3 +269,80 @@ async def test_a_batch_is_published_in_order_and_deduplicated(bus: EventBus) -> 
     assert [ack.duplicate for ack in again] == [True] * 5
     stored = await bus.read(subject_for(JobRequested, bus.prefix))
     assert [m.headers["Nats-Msg-Id"] for m in stored] == [e.id for e in events]
+
+
+async def test_a_bucket_is_declared_by_its_writer_and_read_empty_before(bus: EventBus) -> None:
+    """What a reader started before the bucket's writer sees: nothing, and no bucket of
+    its own making; then the writer's values, through the same handle."""
+    name = f"b{secrets.token_hex(4)}"
+    reader = bus.bucket(name)
+    assert await reader.get("status") is None
+    assert await reader.entries() == []
+    with pytest.raises(nats.js.errors.BucketNotFoundError):
+        await reader.put("status", b"mine")
+    writer = await bus.declare_bucket(name, history=2)
+    assert await bus.declare_bucket(name, history=2) is not None  # idempotent
+    first = await writer.put("demand.a", b"1")
+    assert await writer.put("demand.a", b"2") > first
+    await writer.put("demand.b", b"3")
+    await writer.put("status", b"up")
+    entry = await reader.get("demand.a")
+    assert entry is not None
+    assert entry.value == b"2"
+    assert sorted(e.key for e in await reader.entries("demand.")) == ["demand.a", "demand.b"]
+    assert len(await reader.entries()) == 3
+    with pytest.raises(ValueError, match="ends with"):
+        await reader.entries("demand")
+
+
+async def test_a_listener_hears_what_is_stored_from_now_until_it_stops(bus: EventBus) -> None:
+    await bus.publish(job_requested("before"))
+    heard: list[str] = []
+
+    async def on_message(data: bytes) -> None:
+        heard.append(_job_id(data))
+
+    listening = await bus.listen(subject_for(JobRequested, bus.prefix), on_message)
+    await bus.publish(job_requested("after"))
+    await eventually(lambda: heard == ["after"])
+    await listening.stop()
+    await listening.stop()  # twice is fine
+    await bus.publish(job_requested("stopped"))
+    await bus.publish(job_requested("later"))
+    stored = [_job_id(m.data) for m in await bus.read(f"{bus.prefix}.job.>")]
+    assert stored[-1] == "later"
+    assert heard == ["after"]
+
+
+async def test_a_follower_reads_from_a_time_then_what_comes(bus: EventBus) -> None:
+    await bus.publish(job_requested("old"))
+    await asyncio.sleep(0.05)
+    since = datetime.now(UTC)
+    await bus.publish(job_requested("first"))
+    stop = asyncio.Event()
+    seen: list[str] = []
+
+    async def follow() -> None:
+        records = bus.follow([f"{bus.prefix}.job.>"], stop, since=since)
+        async with contextlib.aclosing(records) as followed:
+            async for record in followed:
+                seen.append(_job_id(record.data))
+                assert record.stored_at >= since - timedelta(seconds=1)
+
+    following = asyncio.create_task(follow())
+    try:
+        await eventually(lambda: seen == ["first"])
+        await bus.publish(job_requested("second"))
+        await eventually(lambda: seen == ["first", "second"])
+    finally:
+        stop.set()
+        await asyncio.wait_for(following, timeout=10)
+
+
+async def test_a_request_nobody_answers_says_so(bus: EventBus) -> None:
+    with pytest.raises(NoAnswerError):
+        await bus.request(f"{bus.prefix}-desk.nobody", b"{}", timeout_s=2)
+
+
+def _job_id(data: bytes) -> str:
+    return str(getattr(decode(data).data, "job_id", ""))

@@ -63,8 +63,8 @@ async def test_hook_declares_what_the_services_then_open_unchanged(
         js = bus.client.jetstream()
         info = await js.stream_info(settings.stream)
         assert info.config.subjects == [f"{prefix}.>"]
-        await KvJobStore.open(js, jobs_bucket(prefix))
-        await KvDemandStore.open(js, pools_bucket(prefix))
+        await KvJobStore.open(bus, jobs_bucket(prefix))
+        await KvDemandStore.open(bus, pools_bucket(prefix))
         for bucket in (
             jobs_bucket(prefix),
             refusals_bucket(jobs_bucket(prefix)),

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from services.scaler.adapters.cost_feed import JetStreamCostFeed
+from services.scaler.adapters.cost_feed import StreamCostFeed
 from shared.cost import ledger
 from shared.events import Event, new_event
 from shared.events.data import JobProgress, NodeLaunched
@@ -31,7 +31,7 @@ async def test_the_feed_reads_the_stored_cost_events_then_new_ones(
 
     seen: list[Event[Any]] = []
     stop = asyncio.Event()
-    following = asyncio.create_task(JetStreamCostFeed(jetstream_bus).follow(stop, seen.append))
+    following = asyncio.create_task(StreamCostFeed(jetstream_bus).follow(stop, seen.append))
     await eventually(lambda: len(seen) >= len(stored), timeout_s=10)
     later = story.launched("spot-9", 1700)
     await jetstream_bus.publish(later)

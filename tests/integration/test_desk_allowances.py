@@ -29,8 +29,7 @@ class Clock:
 
 
 async def replicas(bus: JetStreamBus, clock: Clock, count: int = 2) -> list[KvAllowances]:
-    js = bus.client.jetstream()
-    opened = [await KvAllowances.open(js, bus.prefix) for _ in range(count)]
+    opened = [await KvAllowances.open(bus, bus.prefix) for _ in range(count)]
     return [KvAllowances(replica._kv, clock) for replica in opened]  # one bucket, one clock
 
 
@@ -75,7 +74,7 @@ async def test_the_bucket_forgets_a_person_once_their_share_is_whole(
     jetstream_bus: JetStreamBus,
 ) -> None:
     js = jetstream_bus.client.jetstream()
-    await KvAllowances.open(js, jetstream_bus.prefix)
+    await KvAllowances.open(jetstream_bus, jetstream_bus.prefix)
     info = await js.stream_info(f"KV_{allowances_bucket(jetstream_bus.prefix)}")
     assert info.config.max_age is not None
     assert info.config.max_age >= ALLOWANCE_WHOLE_AFTER_S

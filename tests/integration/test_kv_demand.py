@@ -27,9 +27,7 @@ def demand(job_id: str, attempt: int) -> Demand:
 async def test_a_late_event_of_a_lost_attempt_keeps_the_demand_of_the_next(
     jetstream_bus: JetStreamBus,
 ) -> None:
-    store = await KvDemandStore.open(
-        jetstream_bus.client.jetstream(), pools_bucket(jetstream_bus.prefix)
-    )
+    store = await KvDemandStore.open(jetstream_bus, pools_bucket(jetstream_bus.prefix))
     await store.put(demand("job-1", 2))
     await store.put(demand("job-1", 1))  # attempt 1's queued event, delivered late
     await store.remove("job-1", 1)  # attempt 1's interruption, delivered late
@@ -44,9 +42,7 @@ async def test_a_placement_holds_only_the_very_demand_it_was_decided_for(
 ) -> None:
     """Compare-and-set on the real bucket: a demand withdrawn (its job cancelled) or queued
     anew between the pass's read and its write is not brought back or overwritten."""
-    store = await KvDemandStore.open(
-        jetstream_bus.client.jetstream(), pools_bucket(jetstream_bus.prefix)
-    )
+    store = await KvDemandStore.open(jetstream_bus, pools_bucket(jetstream_bus.prefix))
     await store.put(demand("job-1", 1))
     [read] = await store.all()
     assert await store.place(read, ("gpu-spot-1",))

@@ -33,7 +33,7 @@ def _record(job_id: str, state: JobState) -> JobRecord:
 async def test_refused_requests_are_kept_apart_and_expire(jetstream_bus: JetStreamBus) -> None:
     js = jetstream_bus.client.jetstream()
     bucket = jobs_bucket(jetstream_bus.prefix)
-    store = await KvJobStore.open(js, bucket, refusals_max_age_s=2)
+    store = await KvJobStore.open(jetstream_bus, bucket, refusals_max_age_s=2)
     assert await store.create(_record("ok-1", JobState.QUEUED)) is not None
     for n in range(20):
         assert await store.create(_record(f"no-{n}", JobState.REJECTED)) is not None

@@ -45,7 +45,6 @@ from shared.messaging.jetstream import (
     BusUnavailableError,
     JetStreamBus,
 )
-from shared.messaging.kv_store import JetStreamKeyValue
 from shared.natsauth import NatsConfig, Role, TlsFiles, write_nats_config
 from shared.pools import PoolsBucket, PoolsStatus, pools_bucket
 from shared.workspace import declare_stores, workspaces_bucket
@@ -89,7 +88,7 @@ async def platform(tmp_path: Path) -> AsyncIterator[Platform]:
             platform = Platform(config, server.url, stack)
             submitter = await platform.bus(Role.SUBMITTER)
             await submitter.ensure_stream()
-            await KvJobStore.open(submitter.client.jetstream(), jobs_bucket(PREFIX))
+            await KvJobStore.open(submitter, jobs_bucket(PREFIX))
             await declare_stores(submitter.client.jetstream(), PREFIX)
             yield platform
     finally:
@@ -117,7 +116,7 @@ async def test_a_job_goes_from_the_cli_through_the_submitter(
     cancel: the CLI and the submitter each under their own user."""
     submitter = await platform.bus(Role.SUBMITTER)
     js = submitter.client.jetstream()
-    store = await KvJobStore.open(js, jobs_bucket(PREFIX))
+    store = await KvJobStore.open(submitter, jobs_bucket(PREFIX))
     workspaces = ObjectStoreWorkspaces(js, tmp_path / "cache")
 
     async def on_job_requested(event: Event[Any]) -> None:
@@ -164,7 +163,7 @@ async def test_a_job_goes_from_the_cli_through_the_submitter(
 async def test_the_scaler_writes_the_pools_and_publishes_pool_events(platform: Platform) -> None:
     scaler = await platform.bus(Role.SCALER)
     await scaler.ensure_stream()
-    board = await KvDemandStore.open(scaler.client.jetstream(), pools_bucket(PREFIX))
+    board = await KvDemandStore.open(scaler, pools_bucket(PREFIX))
     status = PoolsStatus(
         updated_at=NOW, budget_per_hour_usd=50, cost_per_hour_usd=0, pools=(), blocked_jobs=0
     )
@@ -189,10 +188,10 @@ async def test_the_watcher_the_agent_and_the_checkpointer_do_their_part(
     platform: Platform,
 ) -> None:
     submitter = await platform.bus(Role.SUBMITTER)
-    store = await KvJobStore.open(submitter.client.jetstream(), jobs_bucket(PREFIX))
+    store = await KvJobStore.open(submitter, jobs_bucket(PREFIX))
     await store.create(_record(job_requested("job-3")))
     scaler = await platform.bus(Role.SCALER)
-    board = await KvDemandStore.open(scaler.client.jetstream(), pools_bucket(PREFIX))
+    board = await KvDemandStore.open(scaler, pools_bucket(PREFIX))
     status = PoolsStatus(
         updated_at=NOW, budget_per_hour_usd=50, cost_per_hour_usd=0, pools=(), blocked_jobs=0
     )
@@ -208,8 +207,8 @@ async def test_the_watcher_the_agent_and_the_checkpointer_do_their_part(
     await watcher.publish(_event(NodeLost(node="n-1", source=NoticeSource.LOCAL)))
 
     checkpointer = await platform.bus(Role.CHECKPOINTER)
-    jobs = KvJobReader(JetStreamKeyValue.of(checkpointer.client.jetstream(), jobs_bucket(PREFIX)))
-    pools = PoolsBucket(JetStreamKeyValue.of(checkpointer.client.jetstream(), pools_bucket(PREFIX)))
+    jobs = KvJobReader(checkpointer.bucket(jobs_bucket(PREFIX)))
+    pools = PoolsBucket(checkpointer.bucket(pools_bucket(PREFIX)))
     resumed: list[str] = []
 
     async def on_node_lost(event: Event[Any]) -> None:

@@ -96,7 +96,7 @@ async def people(tmp_path: Path) -> AsyncIterator[People]:
             found.envs["ops"] = config.env(Role.OPS)
             submitter = await found.bus("submitter")
             await submitter.ensure_stream()
-            await KvJobStore.open(submitter.client.jetstream(), jobs_bucket(PREFIX))
+            await KvJobStore.open(submitter, jobs_bucket(PREFIX))
             await declare_stores(submitter.client.jetstream(), PREFIX)
             yield found
     finally:
@@ -188,7 +188,7 @@ class Desk:
 async def desk(people: People) -> AsyncIterator[Desk]:
     ops = await people.bus("ops")
     submitter = await people.bus("submitter")
-    store = await KvJobStore.open(submitter.client.jetstream(), jobs_bucket(PREFIX))
+    store = await KvJobStore.open(submitter, jobs_bucket(PREFIX))
     found = Desk(people, submitter)
     for job_id, owner, team in (
         ("alice-1", "alice", "vision"),

@@ -47,9 +47,7 @@ async def test_replayed_requests_reach_the_submitter_and_start_nothing_twice(
     jetstream_bus: JetStreamBus, bus_settings: BusSettings, tmp_path: Path
 ) -> None:
     """The submitter's own handlers and job store (a real key-value bucket), Ray faked."""
-    store = await KvJobStore.open(
-        jetstream_bus.client.jetstream(), jobs_bucket(jetstream_bus.prefix)
-    )
+    store = await KvJobStore.open(jetstream_bus, jobs_bucket(jetstream_bus.prefix))
     ray = FakeRay()
     deps = Deps(
         bus=jetstream_bus,

@@ -55,19 +55,18 @@ async def replicas(
     other = await JetStreamBus.connect(bus_settings, name="submitter-2")
     made = []
     for bus in (jetstream_bus, other):
-        js = bus.client.jetstream()
         made.append(
             Deps(
                 bus=bus,
                 clock=FixedClock(),
-                store=await KvJobStore.open(js, jobs_bucket(bus.prefix)),
+                store=await KvJobStore.open(bus, jobs_bucket(bus.prefix)),
                 ray=FakeRay(),
                 workspaces=FakeWorkspaces(tmp_path),
                 progress=FakeProgress(),
                 quotas=Quotas(max_gpus_per_job=8, max_gpus_per_owner=64),
                 checkpoint_root="file:///checkpoints",
                 teams=TeamsFile(teams_file),
-                holds=await KvTeamHolds.open(js, teams_bucket(bus.prefix)),
+                holds=await KvTeamHolds.open(bus, teams_bucket(bus.prefix)),
             )
         )
     yield made[0], made[1]

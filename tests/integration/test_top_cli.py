@@ -201,12 +201,12 @@ async def test_the_cli_role_may_read_all_that_top_shows(tmp_path: Path) -> None:
             submitter = await JetStreamBus.connect(settings(Role.SUBMITTER), name="submitter")
             stack.push_async_callback(submitter.close)
             await submitter.ensure_stream()
-            jobs = await KvJobStore.open(submitter.client.jetstream(), jobs_bucket("spotrain"))
+            jobs = await KvJobStore.open(submitter, jobs_bucket("spotrain"))
             await jobs.create(seeded_job(now))
             await submitter.publish(seeded_progress(now))
             scaler = await JetStreamBus.connect(settings(Role.SCALER), name="scaler")
             stack.push_async_callback(scaler.close)
-            board = await KvDemandStore.open(scaler.client.jetstream(), pools_bucket("spotrain"))
+            board = await KvDemandStore.open(scaler, pools_bucket("spotrain"))
             await board.publish_status(seeded_status(now))
 
             async with connected_reader(settings(Role.CLI)) as reader:

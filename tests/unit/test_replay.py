@@ -14,7 +14,7 @@ from shared.events.data import JobCancelRequested, JobQueued, JobRequested, JobS
 from shared.messaging import DeadLetterReason, Subscription
 from shared.messaging.dead_letters import MSG_ID, ORIGINAL_SEQ, ORIGINAL_SUBJECT
 from shared.messaging.delivery import Ack, DeadLetter, Delivery, settle
-from shared.messaging.jetstream import StreamRecord
+from shared.messaging.ports import StreamRecord
 from shared.natsauth import replay_subjects
 from shared.replay import (
     REPLAY_RUN,

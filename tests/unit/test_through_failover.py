@@ -7,7 +7,7 @@ import nats.errors
 import nats.js.errors
 import pytest
 
-from shared.messaging.jetstream import through_failover
+from shared.messaging.failover import through_failover
 
 
 class Flaky:

@@ -1,4 +1,4 @@
-"""The cost meter's feed: JetStream's stored cost events, then each new one as it lands."""
+"""The cost meter's feed: the stream's stored cost events, then each new one as it lands."""
 
 from __future__ import annotations
 
@@ -12,19 +12,19 @@ import structlog
 
 from shared.cost import COST_EVENTS
 from shared.events import Event, aggregate_subject, decode, subject_for, subject_matches
-from shared.messaging.jetstream import JetStreamBus
+from shared.messaging import EventBus
 
 log = structlog.get_logger()
 
 _BEFORE_ANY_EVENT = datetime(2000, 1, 1, tzinfo=UTC)
 
 
-class JetStreamCostFeed:
+class StreamCostFeed:
     """One reading consumer per aggregate (`job`, `node`), filtered to a single subject:
     what a reader's NATS permissions allow, and the server starts a single-subject consumer
     by time exactly. Job progress, the bulk of the `job` events, is skipped undecoded."""
 
-    def __init__(self, bus: JetStreamBus) -> None:
+    def __init__(self, bus: EventBus) -> None:
         self._bus = bus
 
     async def follow(self, stop: asyncio.Event, add: Callable[[Event[Any]], None]) -> None:

@@ -5,13 +5,8 @@ from __future__ import annotations
 
 from typing import Self
 
-import nats.js.errors
-from nats.js import JetStreamContext
-from nats.js.api import KeyValueConfig, StorageType
-from nats.js.kv import KeyValue
-
 from services.scaler.model import Demand, queueing
-from shared.messaging.kv import latest_entries
+from shared.messaging.ports import Buckets, KeyValue
 from shared.pool_knowledge import KNOWLEDGE_KEY, PoolsKnowledge
 from shared.pools import (
     SIGHTINGS_KEY,
@@ -24,17 +19,13 @@ from shared.pools import (
 
 
 class KvDemandStore:
-    def __init__(self, js: JetStreamContext, kv: KeyValue, bucket: str) -> None:
-        self._js = js
+    def __init__(self, kv: KeyValue) -> None:
         self._kv = kv
-        self._bucket = bucket
 
     @classmethod
-    async def open(cls, js: JetStreamContext, bucket: str, *, replicas: int = 1) -> Self:
-        kv = await js.create_key_value(
-            KeyValueConfig(bucket=bucket, history=1, storage=StorageType.FILE, replicas=replicas)
-        )
-        return cls(js, kv, bucket)
+    async def open(cls, buckets: Buckets, bucket: str) -> Self:
+        """Declare the bucket (idempotent): the scaler, its writer, does at start."""
+        return cls(await buckets.declare_bucket(bucket))
 
     async def put(self, demand: Demand) -> None:
         stored = await self._get(demand.job_id)
@@ -47,36 +38,23 @@ class KvDemandStore:
         if stored is None or stored[0] != demand:
             return False
         placed = demand.model_copy(update={"placed_on": nodes})
-        try:
-            await self._kv.update(_key(demand.job_id), placed.model_dump_json().encode(), stored[1])
-        except nats.js.errors.KeyWrongLastSequenceError:
-            return False
-        return True
+        value = placed.model_dump_json().encode()
+        return await self._kv.update(_key(demand.job_id), value, revision=stored[1]) is not None
 
     async def remove(self, job_id: str, attempt: int) -> None:
         stored = await self._get(job_id)
         if stored is None or stored[0].attempt > attempt:
             return
         # Compare-and-set: a later attempt's demand stored meanwhile stays.
-        try:
-            await self._kv.delete(_key(job_id), last=stored[1])
-        except nats.js.errors.KeyNotFoundError:
-            pass
-        except nats.js.errors.BadRequestError as error:
-            # nats-py reports a failed compare-and-set on delete as a bare bad request.
-            if error.err_code != _WRONG_LAST_SEQUENCE:
-                raise
+        await self._kv.delete(_key(job_id), revision=stored[1])
 
     async def get(self, job_id: str) -> Demand | None:
         stored = await self._get(job_id)
         return stored[0] if stored is not None else None
 
     async def _get(self, job_id: str) -> tuple[Demand, int] | None:
-        try:
-            entry = await self._kv.get(_key(job_id))
-        except nats.js.errors.KeyNotFoundError:
-            return None
-        if not entry.value or entry.revision is None:
+        entry = await self._kv.get(_key(job_id))
+        if entry is None:
             return None
         return Demand.model_validate_json(entry.value), entry.revision
 
@@ -87,13 +65,8 @@ class KvDemandStore:
         await self._kv.put(SIGHTINGS_KEY, sightings.model_dump_json().encode())
 
     async def sightings(self) -> NodeSightings | None:
-        try:
-            entry = await self._kv.get(SIGHTINGS_KEY)
-        except nats.js.errors.KeyNotFoundError:
-            return None
-        if not entry.value:
-            return None
-        return NodeSightings.model_validate_json(entry.value)
+        entry = await self._kv.get(SIGHTINGS_KEY)
+        return NodeSightings.model_validate_json(entry.value) if entry else None
 
     async def publish_spend(self, spend: OwnersSpend) -> None:
         await self._kv.put(SPEND_KEY, spend.model_dump_json().encode())
@@ -102,21 +75,16 @@ class KvDemandStore:
         await self._kv.put(KNOWLEDGE_KEY, knowledge.model_dump_json().encode())
 
     async def knowledge(self) -> PoolsKnowledge | None:
-        try:
-            entry = await self._kv.get(KNOWLEDGE_KEY)
-        except nats.js.errors.KeyNotFoundError:
-            return None
-        return PoolsKnowledge.model_validate_json(entry.value) if entry.value else None
+        entry = await self._kv.get(KNOWLEDGE_KEY)
+        return PoolsKnowledge.model_validate_json(entry.value) if entry else None
 
     async def all(self) -> list[Demand]:
         return [
-            Demand.model_validate_json(entry.value or b"")
-            for entry in await latest_entries(self._js, self._bucket, f"{_PREFIX}>")
+            Demand.model_validate_json(entry.value) for entry in await self._kv.entries(_PREFIX)
         ]
 
 
 _PREFIX = "demand."
-_WRONG_LAST_SEQUENCE = 10071  # JetStream's JSStreamWrongLastSequenceErr
 
 
 def _key(job_id: str) -> str:

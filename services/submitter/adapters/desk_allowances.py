@@ -9,11 +9,8 @@ import time
 from collections.abc import Callable
 from typing import Self
 
-from nats.js import JetStreamContext
-
 from shared.desk import ALLOWANCE_WHOLE_AFTER_S, Allowance, allowances_bucket, take_request
-from shared.messaging.kv_store import JetStreamKeyValue
-from shared.messaging.ports import KeyValue
+from shared.messaging.ports import Buckets, KeyValue
 
 MOST_TRIES = 8
 """Compare-and-set tries before a request is refused for a moment: only a person's own
@@ -30,13 +27,10 @@ class KvAllowances:
         self._clock = clock
 
     @classmethod
-    async def open(cls, js: JetStreamContext, prefix: str, *, replicas: int = 1) -> Self:
+    async def open(cls, buckets: Buckets, prefix: str) -> Self:
         """Declare the bucket (idempotent): its writer does, at start."""
-        kv = await JetStreamKeyValue.declare(
-            js,
-            allowances_bucket(prefix),
-            replicas=replicas,
-            ttl_s=ALLOWANCE_WHOLE_AFTER_S + 60,
+        kv = await buckets.declare_bucket(
+            allowances_bucket(prefix), ttl_s=ALLOWANCE_WHOLE_AFTER_S + 60
         )
         return cls(kv)
 

@@ -231,17 +231,11 @@ class RecordsDesk:
         return DeskAnswer(entries=entries)
 
     async def _entries(self, bucket: str, keys: tuple[str, ...]) -> dict[str, str]:
-        try:
-            kv = await self._bus.client.jetstream().key_value(bucket)
-        except (nats.js.errors.BucketNotFoundError, nats.js.errors.NotFoundError):
-            return {}
+        kv = self._bus.bucket(bucket)
         entries = {}
         for key in keys:
-            try:
-                entry = await kv.get(key)
-            except (nats.js.errors.KeyNotFoundError, nats.js.errors.NotFoundError):
-                continue
-            if entry.value:
+            entry = await kv.get(key)
+            if entry is not None and entry.value:
                 entries[key] = entry.value.decode()
         return entries
 
