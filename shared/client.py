@@ -47,7 +47,7 @@ from shared.events.data import (
 )
 from shared.events.types import ObjectRef
 from shared.jobs import JobRecord, jobs_bucket, refusals_bucket
-from shared.messaging import BusSettings
+from shared.messaging import BusSettings, EventBus
 from shared.messaging.jetstream import BusUnavailableError, JetStreamBus
 from shared.messaging.ports import NoAnswerError
 from shared.messaging.settings import (
@@ -124,7 +124,7 @@ def current_user_is_a_person() -> bool:
 
 
 class SpotrainClient:
-    def __init__(self, bus: JetStreamBus, clock: Clock, *, person: str | None = None) -> None:
+    def __init__(self, bus: EventBus, clock: Clock, *, person: str | None = None) -> None:
         """`person`: connected on their own credential, which reads jobs through the
         records desk only; None for a role's, which reads the bucket and the stream."""
         self._bus = bus
@@ -169,7 +169,7 @@ class SpotrainClient:
             return await self._upload_asking(packed)
         owner = owner or current_user()
         try:
-            return await upload(self._bus.client.jetstream(), self.prefix, packed, owner)
+            return await upload(self._bus, self.prefix, packed, owner)
         except (nats.errors.TimeoutError, nats.js.errors.ServiceUnavailableError) as error:
             # Past the wait for a cluster's new leader: said in one line, not a traceback.
             msg = f"NATS did not take the workspace in time ({error}); try again"

@@ -14,12 +14,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-import nats.js.errors
-from nats.js import JetStreamContext
-from nats.js.api import ObjectStoreConfig, StorageType
-
 from shared.events.types import ObjectRef
-from shared.messaging.failover import through_failover
+from shared.messaging.ports import ObjectStoreMissingError, Stores
 
 DEFAULT_LIMIT_BYTES = 100 * 1024**2
 """The most a workspace holds, packed or unpacked."""
@@ -176,55 +172,36 @@ def workspaces_bucket(prefix: str) -> str:
     return f"{prefix}-workspaces"
 
 
-async def declare_stores(js: JetStreamContext, prefix: str, *, replicas: int = 1) -> None:
+async def declare_stores(stores: Stores, prefix: str) -> None:
     """The workspace stores, declared by their writer (the submitter) at start: never on
     first use, by whoever comes first with a configuration of their own."""
-    for bucket, max_age in (
-        (workspaces_bucket(prefix), 0.0),
-        (uploads_bucket(prefix), UPLOADS_MAX_AGE_S),
-    ):
-        config = ObjectStoreConfig(
-            bucket=bucket, storage=StorageType.FILE, ttl=max_age or None, replicas=replicas
-        )
-        await js.create_object_store(bucket, config=config)
+    await stores.declare_store(workspaces_bucket(prefix))
+    await stores.declare_store(uploads_bucket(prefix), ttl_s=UPLOADS_MAX_AGE_S)
 
 
-async def upload(
-    js: JetStreamContext,
-    prefix: str,
-    packed: PackedWorkspace,
-    owner: str,
-    *,
-    failover_s: float = 30.0,
-) -> ObjectRef:
+async def upload(stores: Stores, prefix: str, packed: PackedWorkspace, owner: str) -> ObjectRef:
     """Store the zip under its owner's name and its hash: the same tree twice is stored
-    once. For a role's credential; a person's goes up through the records desk. Tried
-    again through a cluster's leader election, for up to `failover_s`."""
+    once. For a role's credential; a person's goes up through the records desk. The store
+    rides out a cluster's leader election."""
     bucket = workspaces_bucket(prefix)
     name = workspace_object_name(owner, packed.sha256)
-
-    async def store_once() -> None:
-        try:
-            store = await js.object_store(bucket)
-        except nats.js.errors.NotFoundError:
-            msg = "there is no workspace store yet: the submitter declares it when it starts"
-            raise WorkspaceError(msg) from None
-        try:
-            # Named by its hash: one already stored is this very tree (a try cut short
-            # before its last chunk left no object). Storing it again would purge the old
-            # chunks, a right the CLI's NATS user does not have.
-            await store.get_info(name)
-        except nats.js.errors.ObjectNotFoundError:
+    store = stores.store(bucket)
+    try:
+        # Named by its hash: one already stored is this very tree (a try cut short before
+        # its last chunk left no object). Storing it again would purge the old chunks, a
+        # right the CLI's NATS user does not have.
+        if not await store.has(name):
             await store.put(name, packed.data)
-
-    await through_failover(failover_s, store_once)
+    except ObjectStoreMissingError:
+        msg = "there is no workspace store yet: the submitter declares it when it starts"
+        raise WorkspaceError(msg) from None
     return ObjectRef(bucket=bucket, name=name, sha256=packed.sha256, size_bytes=len(packed.data))
 
 
-async def download(js: JetStreamContext, ref: ObjectRef) -> bytes:
-    store = await js.object_store(ref.bucket)
-    result = await store.get(ref.name)
-    data = result.data or b""
+async def download(stores: Stores, ref: ObjectRef) -> bytes:
+    data = await stores.store(ref.bucket).get(ref.name)
+    if data is None:
+        raise WorkspaceError(f"workspace {ref.name} is not in the store")
     if hashlib.sha256(data).hexdigest() != ref.sha256:
         raise WorkspaceError(f"workspace {ref.name} does not match its sha256")
     return data

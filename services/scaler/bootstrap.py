@@ -53,6 +53,7 @@ async def bootstrap(bus: EventBus, stack: AsyncExitStack) -> ServiceDefinition:
     leadership = Leadership()
     deps = Deps(
         leading=leadership.leading,
+        fenced=leadership.fenced,
         bus=bus,
         clock=SystemClock(),
         pools=settings.pools(),

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -60,6 +60,11 @@ SERVICE = "scaler"
 log = structlog.get_logger()
 
 
+async def _leads_alone() -> bool:
+    """A scaler without a lease (run alone, a test) always may act."""
+    return True
+
+
 @dataclass
 class Deps:
     bus: EventPublisher
@@ -92,8 +97,11 @@ class Deps:
     """When each billed node was last listed by the provider: where its billing ends if it
     goes unrecorded."""
     leading: Callable[[], bool] = lambda: True
-    """Whether this replica still holds the scaler's lease, asked just before each resize:
-    a replica stalled in the middle of a pass does not act on what it decided before."""
+    """Whether this replica still holds the scaler's lease by its own clock, asked when a
+    pass has decided: a replica stalled in the middle of it does not act on it."""
+    fenced: Callable[[], Awaitable[bool]] = _leads_alone
+    """Proven by a write of the lease, just before each resize or release: a deposed
+    leader's late action is refused there (`Leadership.fenced`)."""
     ended_nodes: set[str] = field(default_factory=set)
     """Nodes whose end this process announced, while the provider still lists them (a
     release may take a while): never announced as launched again."""
@@ -266,7 +274,7 @@ async def _resize(
     for pool_plan in decided.pools:
         if pool_plan.target == pool_plan.current:
             continue
-        if not deps.leading():
+        if not await deps.fenced():
             log.warning("pool.resize_skipped", pool=pool_plan.pool, why="no longer leads")
             break
         requested = PoolResizeRequested(
@@ -346,7 +354,7 @@ async def _release_idle(deps: Deps, name: str, pool: str) -> None:
     if refusal is not None:
         log.info("node.release_refused", node=name, pool=pool, why=refusal)
         return
-    if not deps.leading():
+    if not await deps.fenced():
         log.warning("node.release_skipped", node=name, pool=pool, why="no longer leads")
         return
     await deps.provider.release(name)

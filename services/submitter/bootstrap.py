@@ -26,7 +26,6 @@ from services.submitter.settings import SubmitterSettings
 from shared.clock import SystemClock
 from shared.jobs import jobs_bucket
 from shared.messaging import EventBus, Subscription, bind_routes
-from shared.messaging.jetstream import JetStreamBus
 from shared.pools import PoolsBucket, pools_bucket
 from shared.runtime import ServiceDefinition, Ticker, Watch
 from shared.teams import teams_bucket
@@ -35,14 +34,9 @@ from shared.workspace import declare_stores, workspaces_bucket
 
 async def bootstrap(bus: EventBus, stack: AsyncExitStack) -> ServiceDefinition:
     settings = SubmitterSettings()
-    if not isinstance(bus, JetStreamBus):
-        # The workspaces' object stores and the desk's answers to people are NATS's own.
-        msg = "the submitter keeps workspaces in JetStream object stores; it needs that bus"
-        raise TypeError(msg)
     metrics.declare()
-    js = bus.client.jetstream()
     # Declared by their writer at start, never on first use by whoever comes first.
-    await declare_stores(js, bus.prefix, replicas=bus.replicas)
+    await declare_stores(bus, bus.prefix)
     # A bad teams file stops the start here, with its one line; once running, a bad edit
     # is refused and the last valid teams stay (TeamsFile).
     teams = TeamsFile(settings.teams_file) if settings.teams_file is not None else None
@@ -56,7 +50,7 @@ async def bootstrap(bus: EventBus, stack: AsyncExitStack) -> ServiceDefinition:
             refusals_max_age_s=settings.refused_records_max_age_s,
         ),
         ray=RayJobSubmission(settings.ray_address),
-        workspaces=ObjectStoreWorkspaces(js, settings.workspace_cache_dir),
+        workspaces=ObjectStoreWorkspaces(bus, settings.workspace_cache_dir),
         progress=StorageProgressReader(),
         quotas=Quotas(
             max_gpus_per_job=settings.max_gpus_per_job,

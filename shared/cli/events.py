@@ -380,11 +380,11 @@ async def _connected() -> AsyncIterator[JetStreamBus]:
         raise CliError(msg) from None
     try:
         async with bus.permission_checked("find the event stream"):
-            await bus.client.jetstream().stream_info(settings.stream)
+            found = await bus.has_stream()
+        if not found:
+            msg = f"nothing recorded: NATS at {settings.nats_url} has no stream {settings.stream}"
+            raise CliError(msg)
         yield bus
-    except nats.js.errors.NotFoundError:
-        msg = f"nothing recorded: NATS at {settings.nats_url} has no stream {settings.stream}"
-        raise CliError(msg) from None
     except (nats.errors.Error, TimeoutError, OSError) as error:
         raise CliError(f"reading the bus failed: {_one_line(error)}") from None
     finally:

@@ -45,10 +45,14 @@ from shared.messaging.delivery import (
 )
 from shared.messaging.failover import cluster_busy, through_failover
 from shared.messaging.kv_store import JetStreamKeyValue
+from shared.messaging.object_store import JetStreamObjectStore
 from shared.messaging.ports import (
+    Asked,
     KeyValue,
     Listening,
     NoAnswerError,
+    ObjectStore,
+    OnAsk,
     OnMessage,
     PublishAck,
     StoredMessage,
@@ -407,6 +411,14 @@ class JetStreamBus:
         else:
             await self._js.update_stream(config)
 
+    async def has_stream(self) -> bool:
+        """Whether the event stream exists (a stack that never started has none)."""
+        try:
+            await self._js.stream_info(self._settings.stream)
+        except nats.js.errors.NotFoundError:
+            return False
+        return True
+
     async def declare_bucket(
         self, bucket: str, *, history: int = 1, ttl_s: float | None = None
     ) -> KeyValue:
@@ -427,6 +439,23 @@ class JetStreamBus:
     def bucket(self, bucket: str) -> KeyValue:
         return JetStreamKeyValue.of(self._js, bucket, failover_s=self._settings.publish_timeout_s)
 
+    async def declare_store(self, store: str, *, ttl_s: float | None = None) -> ObjectStore:
+        try:
+            return await JetStreamObjectStore.declare(
+                self._js,
+                store,
+                replicas=self.replicas,
+                ttl_s=ttl_s,
+                failover_s=self._settings.publish_timeout_s,
+            )
+        except nats.js.errors.APIError as error:
+            if error.err_code in TOO_FEW_SERVERS:
+                raise BusSettingsError(_too_many_replicas(self.replicas, error)) from None
+            raise
+
+    def store(self, store: str) -> ObjectStore:
+        return JetStreamObjectStore.of(self._js, store, failover_s=self._settings.publish_timeout_s)
+
     async def listen(self, subject: str, on_message: OnMessage) -> Listening:
         async def heard(msg: Msg) -> None:
             await on_message(msg.data)
@@ -443,6 +472,18 @@ class JetStreamBus:
             raise TimeoutError(msg) from None
         data_: bytes = reply.data
         return data_
+
+    async def serve(self, subject: str, on_ask: OnAsk, *, group: str) -> Listening:
+        async def asked(msg: Msg) -> None:
+            await on_ask(Asked(subject=msg.subject, reply=msg.reply or None, data=msg.data))
+
+        return _Listening(await self._nc.subscribe(subject, queue=group, cb=asked))
+
+    async def answer(self, asked: Asked, data: bytes) -> None:
+        if asked.reply:
+            # An answer that cannot go out now is dropped: the asker's request times out.
+            with contextlib.suppress(*_TRANSIENT):
+                await self._nc.publish(asked.reply, data)
 
     async def close(self) -> None:
         """Flush what is buffered and close; in-flight handlers must have finished."""

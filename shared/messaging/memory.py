@@ -7,7 +7,8 @@ counts deliveries, honours nak delays and dead-letters through the same `settle`
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
+import secrets
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -33,10 +34,14 @@ from shared.messaging.delivery import (
     settle,
 )
 from shared.messaging.kv_store import InMemoryKeyValue
+from shared.messaging.object_store import InMemoryObjectStore
 from shared.messaging.ports import (
+    Asked,
     KeyValue,
     Listening,
     NoAnswerError,
+    ObjectStore,
+    OnAsk,
     OnMessage,
     PublishAck,
     StoredMessage,
@@ -65,6 +70,17 @@ class _Listener:
             self.listeners.remove(self)
 
 
+@dataclass
+class _Server:
+    subject: str
+    on_ask: OnAsk
+    servers: list[_Server]
+
+    async def stop(self) -> None:
+        if self in self.servers:
+            self.servers.remove(self)
+
+
 class InMemoryBus:
     """`EventBus` in one process; `messages` is the whole stream, for assertions."""
 
@@ -78,13 +94,20 @@ class InMemoryBus:
         self._followed = asyncio.Event()
         """Set at each store, for followers (consumers have `_stored`, cleared as they read)."""
         self._buckets: dict[str, InMemoryKeyValue] = {}
+        self._stores: dict[str, InMemoryObjectStore] = {}
         self._listeners: list[_Listener] = []
-        self.answerers: dict[str, Callable[[bytes], Awaitable[bytes]]] = {}
-        """Who answers a request on each subject: a test's stand-in for a service."""
+        self._servers: list[_Server] = []
+        self._asked: dict[str, asyncio.Future[bytes]] = {}
 
     @property
     def prefix(self) -> str:
         return self._prefix
+
+    async def close(self) -> None:
+        for listener in list(self._listeners):
+            await listener.stop()
+        for server in list(self._servers):
+            await server.stop()
 
     async def publish(self, event: Event[Any]) -> PublishAck:
         subject = subject_of(event.data, self._prefix)
@@ -113,8 +136,8 @@ class InMemoryBus:
                 await listener.on_message(data)
         return PublishAck(seq=seq, duplicate=False)
 
-    async def read(self, subject: str) -> list[StoredMessage]:
-        return [m for m in self.messages if subject_matches(subject, m.subject)]
+    async def read(self, subject: str, *, after_seq: int = 0) -> list[StoredMessage]:
+        return [m for m in self.messages[after_seq:] if subject_matches(subject, m.subject)]
 
     async def declare_bucket(
         self, bucket: str, *, history: int = 1, ttl_s: float | None = None
@@ -158,16 +181,41 @@ class InMemoryBus:
         finally:
             stopping.cancel()
 
+    async def declare_store(self, store: str, *, ttl_s: float | None = None) -> ObjectStore:
+        found = self._stores.setdefault(store, InMemoryObjectStore())
+        found.declared = True
+        return found
+
+    def store(self, store: str) -> ObjectStore:
+        return self._stores.setdefault(store, InMemoryObjectStore(declared=False))
+
     async def listen(self, subject: str, on_message: OnMessage) -> Listening:
         listener = _Listener(subject, on_message, self._listeners)
         self._listeners.append(listener)
         return listener
 
     async def request(self, subject: str, data: bytes, *, timeout_s: float) -> bytes:
-        answerer = self.answerers.get(subject)
-        if answerer is None:
+        server = next((s for s in self._servers if subject_matches(s.subject, subject)), None)
+        if server is None:
             raise NoAnswerError(subject)
-        return await asyncio.wait_for(answerer(data), timeout=timeout_s)
+        reply = f"_INBOX.{secrets.token_hex(8)}"
+        answered = self._asked[reply] = asyncio.get_running_loop().create_future()
+        try:
+            await server.on_ask(Asked(subject=subject, reply=reply, data=data))
+            return await asyncio.wait_for(answered, timeout=timeout_s)
+        finally:
+            self._asked.pop(reply, None)
+
+    async def serve(self, subject: str, on_ask: OnAsk, *, group: str) -> Listening:
+        # One process is one member of any group: each request goes to the first server.
+        server = _Server(subject, on_ask, self._servers)
+        self._servers.append(server)
+        return server
+
+    async def answer(self, asked: Asked, data: bytes) -> None:
+        answered = self._asked.get(asked.reply or "")
+        if answered is not None and not answered.done():
+            answered.set_result(data)
 
     async def consume(self, subscription: Subscription, stop: asyncio.Event) -> None:
         consumer = self._consumers.setdefault(

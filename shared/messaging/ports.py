@@ -50,6 +50,19 @@ class Listening(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class Asked:
+    """One request, as the service that answers it receives it: `reply` is where the
+    answer goes, chosen by whoever asked (check it before answering there)."""
+
+    subject: str
+    reply: str | None
+    data: bytes
+
+
+OnAsk = Callable[[Asked], Awaitable[None]]
+
+
 class NoAnswerError(RuntimeError):
     """Nobody answers on the subject a request was sent to (its service is not up)."""
 
@@ -116,6 +129,56 @@ class Buckets(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class StoredObject:
+    """What an object store says of one object: its name, size and a word of its own."""
+
+    name: str
+    size: int
+    description: str | None = None
+
+
+class ObjectStore(Protocol):
+    """Named blobs too big for a key's value (a job's workspace): NATS's object store, or
+    its in-memory twin."""
+
+    async def put(self, name: str, data: bytes, *, description: str | None = None) -> None:
+        """Store the object under `name`, in place of any before it."""
+        ...
+
+    async def get(self, name: str) -> bytes | None:
+        """The object's bytes; None if there is none of that name."""
+        ...
+
+    async def has(self, name: str) -> bool: ...
+
+    async def delete(self, name: str) -> bool:
+        """Delete the object; False if there was none."""
+        ...
+
+    async def list(self) -> list[StoredObject]:
+        """Every object stored, the deleted left out."""
+        ...
+
+
+class ObjectStoreMissingError(RuntimeError):
+    """An object store its writer has not declared yet: it is declared at that writer's start."""
+
+
+class Stores(Protocol):
+    """Where object stores are declared and found."""
+
+    async def declare_store(self, store: str, *, ttl_s: float | None = None) -> ObjectStore:
+        """The store, declared by its writer at start (idempotent), with as many copies as
+        the bus keeps of its stream; an object expires `ttl_s` after its write when given."""
+        ...
+
+    def store(self, store: str) -> ObjectStore:
+        """A store another process declares: reads find nothing and writes raise
+        `ObjectStoreMissingError` until then."""
+        ...
+
+
 class EventPublisher(Protocol):
     async def publish(self, event: Event[Any]) -> PublishAck:
         """Store one event on its subject.
@@ -126,9 +189,13 @@ class EventPublisher(Protocol):
         ...
 
 
-class EventBus(EventPublisher, Buckets, Protocol):
+class EventBus(EventPublisher, Buckets, Stores, Protocol):
     @property
     def prefix(self) -> str: ...
+
+    async def close(self) -> None:
+        """Flush what is buffered and close; in-flight handlers must have finished."""
+        ...
 
     async def publish_many(self, events: Sequence[Event[Any]]) -> list[PublishAck]:
         """Publish a batch, pipelined; same guarantees as `publish` for each event."""
@@ -149,8 +216,9 @@ class EventBus(EventPublisher, Buckets, Protocol):
         """
         ...
 
-    async def read(self, subject: str) -> list[StoredMessage]:
-        """Every stored message on `subject` (wildcards allowed), oldest first."""
+    async def read(self, subject: str, *, after_seq: int = 0) -> list[StoredMessage]:
+        """Every stored message on `subject` (wildcards allowed), oldest first; only what
+        the stream stored after the sequence `after_seq` when given."""
         ...
 
     def follow(
@@ -170,4 +238,13 @@ class EventBus(EventPublisher, Buckets, Protocol):
     async def request(self, subject: str, data: bytes, *, timeout_s: float) -> bytes:
         """Ask whoever answers on `subject` and wait for the answer: `NoAnswerError` when
         nobody answers there, `TimeoutError` when the answer does not come in time."""
+        ...
+
+    async def serve(self, subject: str, on_ask: OnAsk, *, group: str) -> Listening:
+        """Take the requests sent to `subject` (wildcards allowed): each is taken by one
+        member of `group` (the replicas of a service), not stored, never redelivered."""
+        ...
+
+    async def answer(self, asked: Asked, data: bytes) -> None:
+        """Answer a request on its reply subject (nothing where it has none)."""
         ...

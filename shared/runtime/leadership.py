@@ -38,6 +38,9 @@ class LeaderLease:
         self._term: int | None = None
         self.leader: str | None = None
         """Who holds the lease, as last read (this replica or another); None if nobody."""
+        self._writing = asyncio.Lock()
+        """One write of the lease at a time: a renewal and a confirmation racing each
+        other would fail one compare-and-set and look like a lost lease."""
 
     @property
     def leading(self) -> bool:
@@ -52,6 +55,29 @@ class LeaderLease:
     async def step(self) -> bool:
         """Read the lease and take or renew it as `shared.leases.decide` says; whether this
         replica leads after it."""
+        async with self._writing:
+            return await self._step()
+
+    async def confirm(self) -> bool:
+        """Whether this replica may act now, proven by the bucket: the lease is renewed by
+        compare-and-set on the revision this replica last wrote. A deposed leader, one whose
+        clock or pause hid that another took over, fails the write and acts on nothing:
+        the fence for an action no one can undo."""
+        async with self._writing:
+            if not self.leading or self._revision is None or self._term is None:
+                return False
+            started = self._clock()
+            value = LeaseRecord(holder=self.holder, term=self._term).model_dump_json().encode()
+            revision = await self._kv.update(self.name, value, revision=self._revision)
+            if revision is None:
+                log.warning("lease.fenced", lease=self.name, holder=self.holder, term=self._term)
+                self._lost()
+                return False
+            self._renewed_at, self._revision = started, revision
+            self._sighting = Sighting(revision, started)
+            return True
+
+    async def _step(self) -> bool:
         started = self._clock()  # a renewal counts from before it was asked for
         current = await self._kv.get(self.name)
         decision = decide(current, self._sighting, me=self.holder, now=started, times=self.times)
@@ -78,13 +104,14 @@ class LeaderLease:
 
     async def release(self) -> None:
         """Hand the lease over at once (a clean stop): no holder, the same term."""
-        if self._revision is None or self._term is None:
-            return
-        value = LeaseRecord(holder=None, term=self._term).model_dump_json().encode()
-        released = await self._kv.update(self.name, value, revision=self._revision)
-        if released is not None:
-            log.info("lease.released", lease=self.name, holder=self.holder, term=self._term)
-        self._lost()
+        async with self._writing:
+            if self._revision is None or self._term is None:
+                return
+            value = LeaseRecord(holder=None, term=self._term).model_dump_json().encode()
+            released = await self._kv.update(self.name, value, revision=self._revision)
+            if released is not None:
+                log.info("lease.released", lease=self.name, holder=self.holder, term=self._term)
+            self._lost()
 
     async def keep(self, stop: asyncio.Event) -> None:
         """Take and renew until `stop` is set, then release."""
@@ -124,6 +151,11 @@ class Leadership:
 
     def leading(self) -> bool:
         return self._lease is None or self._lease.leading
+
+    async def fenced(self) -> bool:
+        """Whether this replica still leads, proven by a write of the lease
+        (`LeaderLease.confirm`): asked just before an action no one can undo."""
+        return self._lease is None or await self._lease.confirm()
 
     @property
     def term(self) -> int | None:

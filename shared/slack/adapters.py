@@ -16,7 +16,7 @@ from shared.cost import CostRow, job_costs
 from shared.events import new_event
 from shared.events.data import JobCancelRequested, JobRequested
 from shared.jobs import JobRecord
-from shared.messaging.jetstream import JetStreamBus
+from shared.messaging import EventBus
 from shared.pools import PoolsStatus
 from shared.slack.model import ExperimentCost, JobCost
 from shared.slack.ports import ChatRefusedError, ChatUnavailableError, PlatformUnavailableError
@@ -31,7 +31,7 @@ _UNREACHABLE = (PlatformError, nats.errors.Error, TimeoutError, OSError)
 class BusPlatform:
     """`Platform` over the JetStream bus the service runs on."""
 
-    def __init__(self, bus: JetStreamBus, clock: Clock) -> None:
+    def __init__(self, bus: EventBus, clock: Clock) -> None:
         self._bus = bus
         self._clock = clock
         # The SDK's reads (the jobs and pools buckets) on the service's own connection;

@@ -11,7 +11,6 @@ from slack_sdk.web.async_client import AsyncWebClient
 from shared.client import SpotrainClient, new_job_id
 from shared.clock import SystemClock
 from shared.messaging import EventBus, Subscription, bind_routes
-from shared.messaging.jetstream import JetStreamBus
 from shared.runtime import ServiceDefinition
 from shared.runtime.service import Bootstrap
 from shared.slack.adapters import BusPlatform, LedgerCosts, WebApiChat
@@ -28,9 +27,6 @@ def bootstrap_for(settings: SlackSettings) -> Bootstrap:
     `settings.port` and consumes job events on the bus."""
 
     async def bootstrap(bus: EventBus, stack: AsyncExitStack) -> ServiceDefinition:
-        if not isinstance(bus, JetStreamBus):
-            msg = "the Slack bot reads the jobs bucket; it needs the JetStream bus"
-            raise TypeError(msg)
         clock = SystemClock()
         client = AsyncWebClient(
             token=settings.bot_token.get_secret_value(), base_url=settings.api_base_url

@@ -22,7 +22,7 @@ from shared.messaging import (
 )
 from shared.messaging.dead_letters import DELIVERIES, ORIGINAL_SUBJECT, REASON, SERVICE
 from shared.messaging.memory import InMemoryBus
-from shared.messaging.ports import NoAnswerError
+from shared.messaging.ports import Asked, NoAnswerError, ObjectStoreMissingError
 from tests.async_helpers import consuming, eventually
 from tests.events import job_requested
 
@@ -346,3 +346,70 @@ async def test_a_request_nobody_answers_says_so(bus: EventBus) -> None:
 
 def _job_id(data: bytes) -> str:
     return str(getattr(decode(data).data, "job_id", ""))
+
+
+async def test_an_object_store_is_declared_by_its_writer_and_found_by_name(bus: EventBus) -> None:
+    name = f"o{secrets.token_hex(4)}"
+    reader = bus.store(name)
+    assert await reader.get("ws.zip") is None
+    assert not await reader.has("ws.zip")
+    assert await reader.list() == []
+    with pytest.raises(ObjectStoreMissingError):
+        await reader.put("ws.zip", b"x")
+    writer = await bus.declare_store(name)
+    await bus.declare_store(name)  # idempotent
+    big = secrets.token_bytes(300_000)  # several of JetStream's chunks
+    await writer.put("ws.zip", big, description="300000")
+    await writer.put("other.zip", b"small")
+    assert await reader.get("ws.zip") == big
+    assert await reader.has("ws.zip")
+    listed = {o.name: o for o in await reader.list()}
+    assert set(listed) == {"ws.zip", "other.zip"}
+    assert (listed["ws.zip"].size, listed["ws.zip"].description) == (300_000, "300000")
+    assert await writer.delete("ws.zip")
+    assert not await writer.delete("ws.zip")
+    assert not await reader.has("ws.zip")
+    assert [o.name for o in await reader.list()] == ["other.zip"]
+
+
+async def test_a_request_is_answered_by_one_server_of_the_group(bus: EventBus) -> None:
+    subject = f"{bus.prefix}-desk.{secrets.token_hex(3)}"
+    taken: list[str] = []
+
+    def server(name: str) -> Any:
+        async def on_ask(asked: Asked) -> None:
+            taken.append(name)
+            await bus.answer(asked, asked.data.upper() + f" from {name}".encode())
+
+        return on_ask
+
+    servers = [await bus.serve(f"{subject}.>", server(n), group="desk") for n in ("a", "b")]
+    try:
+        answer = await bus.request(f"{subject}.alice", b"hello", timeout_s=5)
+        assert answer in (b"HELLO from a", b"HELLO from b")
+        assert len(taken) == 1
+    finally:
+        for serving in servers:
+            await serving.stop()
+    with pytest.raises(NoAnswerError):
+        await bus.request(f"{subject}.alice", b"hello", timeout_s=2)
+
+
+async def test_a_request_not_answered_in_time_says_so(bus: EventBus) -> None:
+    subject = f"{bus.prefix}-desk.{secrets.token_hex(3)}"
+
+    async def silent(asked: Asked) -> None:
+        pass
+
+    serving = await bus.serve(subject, silent, group="desk")
+    try:
+        with pytest.raises(TimeoutError):
+            await bus.request(subject, b"hello", timeout_s=0.3)
+    finally:
+        await serving.stop()
+
+
+async def test_the_stream_is_read_after_a_sequence(bus: EventBus) -> None:
+    acks = [await bus.publish(job_requested(f"r{i}")) for i in range(3)]
+    after = await bus.read(f"{bus.prefix}.job.>", after_seq=acks[0].seq)
+    assert [_job_id(m.data) for m in after] == ["r1", "r2"]

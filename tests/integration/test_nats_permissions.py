@@ -89,7 +89,7 @@ async def platform(tmp_path: Path) -> AsyncIterator[Platform]:
             submitter = await platform.bus(Role.SUBMITTER)
             await submitter.ensure_stream()
             await KvJobStore.open(submitter, jobs_bucket(PREFIX))
-            await declare_stores(submitter.client.jetstream(), PREFIX)
+            await declare_stores(submitter, PREFIX)
             yield platform
     finally:
         server.stop()
@@ -115,9 +115,8 @@ async def test_a_job_goes_from_the_cli_through_the_submitter(
     """Upload, request, admit (workspace download, jobs bucket), answer, list, history,
     cancel: the CLI and the submitter each under their own user."""
     submitter = await platform.bus(Role.SUBMITTER)
-    js = submitter.client.jetstream()
     store = await KvJobStore.open(submitter, jobs_bucket(PREFIX))
-    workspaces = ObjectStoreWorkspaces(js, tmp_path / "cache")
+    workspaces = ObjectStoreWorkspaces(submitter, tmp_path / "cache")
 
     async def on_job_requested(event: Event[Any]) -> None:
         assert isinstance(event.data, JobRequested)

@@ -97,7 +97,7 @@ async def people(tmp_path: Path) -> AsyncIterator[People]:
             submitter = await found.bus("submitter")
             await submitter.ensure_stream()
             await KvJobStore.open(submitter, jobs_bucket(PREFIX))
-            await declare_stores(submitter.client.jetstream(), PREFIX)
+            await declare_stores(submitter, PREFIX)
             yield found
     finally:
         server.stop()

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.leases import LeaseRecord, LeaseTimes, Move, Sighting, decide
+from shared.leases import LeaseRecord, LeaseTimes, Move, Sighting, decide, read_record
 from shared.messaging.kv_store import InMemoryKeyValue
 from shared.messaging.ports import Entry
 from shared.runtime.leadership import LeaderLease
@@ -124,3 +124,41 @@ async def test_a_stalled_leader_stops_acting_before_another_takes_over() -> None
     # The stalled one wakes: its renewal loses the race, and it follows.
     assert not await first.step()
     assert first.leader == "b"
+
+
+async def test_a_deposed_leader_that_believes_it_leads_is_fenced_off() -> None:
+    """A pause its own clock did not see (a frozen VM, a check made just before a long GC):
+    by its clock it still leads, but the bucket holds another's newer term, so its
+    confirmation, and with it the action, is refused; the true leader's goes through."""
+    frozen, running = Clock(), Clock()
+    kv = InMemoryKeyValue()
+    first = LeaderLease(kv, "scaler", "a", times=TIMES, clock=frozen)
+    second = LeaderLease(kv, "scaler", "b", times=TIMES, clock=running)
+    assert await first.step()
+    assert not await second.step()
+    running.now += TIMES.duration_s + 0.1
+    assert await second.step(), "unrenewed for the lease's whole duration, by its clock"
+    assert first.leading, "its own clock hid the takeover"
+    assert not await first.confirm()
+    assert not first.leading
+    assert await second.confirm()
+    record = await kv.get("scaler")
+    assert record is not None
+    assert read_record(record) == LeaseRecord(holder="b", term=2)
+
+
+async def test_a_leader_confirms_by_renewing_and_a_follower_never_does() -> None:
+    clock = Clock()
+    kv = InMemoryKeyValue()
+    first, second = (LeaderLease(kv, "scaler", h, times=TIMES, clock=clock) for h in "ab")
+    assert await first.step()
+    assert not await second.step()
+    before = await kv.get("scaler")
+    assert await first.confirm()
+    after = await kv.get("scaler")
+    assert before is not None
+    assert after is not None
+    assert after.revision > before.revision, "a confirmation is a write"
+    assert not await second.confirm()
+    clock.now += TIMES.renew_deadline_s
+    assert not await first.confirm(), "past its renew deadline it does not even try"

@@ -126,6 +126,41 @@ async def test_a_replica_that_no_longer_leads_does_not_act_on_its_pass(
     assert list(cluster.launched) == ["gpu-spot-1"]
 
 
+async def test_a_deposed_leader_is_fenced_off_at_the_resize_and_the_release(
+    deps: Deps, cluster: FakeCluster, clock: FixedClock
+) -> None:
+    """By its own clock it leads, but its write of the lease is refused (another took over
+    unseen): the pass is decided and said, yet no pool is resized and no node released."""
+    fenced = False
+    confirmations = 0
+
+    async def confirm() -> bool:
+        nonlocal confirmations
+        confirmations += 1
+        return not fenced
+
+    deps.fenced = confirm
+    fenced = True
+    await on_job_queued(queued("job-1"), deps)
+    await reconcile(deps)
+    assert cluster.launched == {}
+    assert confirmations == 1, "asked just before the resize"
+    assert "spotrain.pool.resize_requested.v1" not in [kind for kind, _ in published(deps)]
+    fenced = False
+    await reconcile(deps)
+    assert list(cluster.launched) == ["gpu-spot-1"]
+    started = JobStarted(job_id="job-1", attempt=1, submission_id="job-1-1")
+    await on_job_settled(new_event(started, source="submitter", time=NOW), deps)
+    cluster.idle_s["gpu-spot-1"] = 61
+    clock.advance(timedelta(minutes=2))
+    fenced = True
+    await reconcile(deps)
+    assert cluster.released == [], "a deposed leader releases nothing"
+    fenced = False
+    await reconcile(deps)
+    assert cluster.released == ["gpu-spot-1"]
+
+
 async def test_an_idle_node_goes_after_the_timeout_once_its_job_started(
     deps: Deps, cluster: FakeCluster, clock: FixedClock
 ) -> None:

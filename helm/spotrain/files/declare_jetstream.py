@@ -32,12 +32,11 @@ async def declare(settings: BusSettings) -> None:
     bus = await JetStreamBus.connect(settings, name="jetstream-setup")
     try:
         await bus.ensure_stream()
-        js = bus.client.jetstream()
-        await KvJobStore.open(js, jobs_bucket(bus.prefix), replicas=bus.replicas)
-        await KvDemandStore.open(js, pools_bucket(bus.prefix), replicas=bus.replicas)
-        await KvTeamHolds.open(js, teams_bucket(bus.prefix), replicas=bus.replicas)
-        await KvAllowances.open(js, bus.prefix, replicas=bus.replicas)
-        await declare_stores(js, bus.prefix, replicas=bus.replicas)
+        await KvJobStore.open(bus, jobs_bucket(bus.prefix))
+        await KvDemandStore.open(bus, pools_bucket(bus.prefix))
+        await KvTeamHolds.open(bus, teams_bucket(bus.prefix))
+        await KvAllowances.open(bus, bus.prefix)
+        await declare_stores(bus, bus.prefix)
         buckets = [
             jobs_bucket(bus.prefix),
             refusals_bucket(jobs_bucket(bus.prefix)),

@@ -9,14 +9,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-import contextlib
 import hashlib
 
-import nats.js.errors
 import structlog
-from nats.js import JetStreamContext
-from nats.js.api import ObjectMeta
-from nats.js.object_store import ObjectStore
 
 from shared.desk import (
     DeskAnswer,
@@ -27,6 +22,7 @@ from shared.desk import (
     staging_refusal,
 )
 from shared.events.types import ObjectRef
+from shared.messaging.ports import ObjectStore, Stores
 from shared.workspace import (
     WorkspaceError,
     unpacked_size,
@@ -39,20 +35,20 @@ log = structlog.get_logger()
 
 
 class DeskUploads:
-    def __init__(self, js: JetStreamContext, prefix: str) -> None:
-        self._js = js
+    def __init__(self, stores: Stores, prefix: str) -> None:
+        self._stores = stores
         self._prefix = prefix
         self._beginning: dict[str, asyncio.Lock] = {}
 
     async def take(self, part: UploadPart, owner: str) -> DeskAnswer:
-        workspaces = await self._js.object_store(workspaces_bucket(self._prefix))
+        workspaces = self._stores.store(workspaces_bucket(self._prefix))
         ref = ObjectRef(
             bucket=workspaces_bucket(self._prefix),
             name=workspace_object_name(owner, part.sha256),
             sha256=part.sha256,
             size_bytes=part.size,
         )
-        if part.offset == 0 and await _has(workspaces, ref.name):
+        if part.offset == 0 and await workspaces.has(ref.name):
             return DeskAnswer(workspace=ref)  # the owner stored this very tree before
         try:
             raw = base64.b64decode(part.data, validate=True)
@@ -60,11 +56,11 @@ class DeskUploads:
             return DeskAnswer(refused="a part's data is not base64")
         if (problem := part.part_problem(raw)) is not None:
             return DeskAnswer(refused=problem)
-        uploads = await self._js.object_store(uploads_bucket(self._prefix))
+        uploads = self._stores.store(uploads_bucket(self._prefix))
         if part.offset == 0:
             if (refusal := await self._begin(uploads, part, owner, raw)) is not None:
                 return DeskAnswer(refused=refusal)
-        elif not await _has(uploads, part_name(owner, part.sha256, 0)):
+        elif not await uploads.has(part_name(owner, part.sha256, 0)):
             return DeskAnswer(refused="an upload begins with its first part: upload it again")
         else:
             await uploads.put(part_name(owner, part.sha256, part.offset), raw)
@@ -79,10 +75,7 @@ class DeskUploads:
         other unfinished uploads leave room; else why not. One owner's beginnings are
         taken one at a time, so that each sees what the one before reserved."""
         async with self._beginning.setdefault(owner, asyncio.Lock()):
-            try:
-                staged = await uploads.list(ignore_deletes=True)
-            except nats.js.errors.NotFoundError:
-                staged = []  # an empty store
+            staged = await uploads.list()
             name = part_name(owner, part.sha256, 0)
             # An upload begun again (the last one cut short) takes the place of its own.
             first_parts = {i.name: int(i.description or 0) for i in staged if i.name != name}
@@ -90,7 +83,7 @@ class DeskUploads:
             if (refusal := staging_refusal(reserved, part.size)) is not None:
                 log.info("desk.upload_refused", owner=owner, staged=reserved, size=part.size)
                 return refusal
-            await uploads.put(name, raw, meta=ObjectMeta(name=name, description=str(part.size)))
+            await uploads.put(name, raw, description=str(part.size))
         return None
 
     async def _store_whole(
@@ -102,10 +95,10 @@ class DeskUploads:
         ref: ObjectRef,
     ) -> DeskAnswer:
         names = [part_name(owner, part.sha256, offset) for offset in part_offsets(part.size)]
-        try:
-            data = b"".join([(await uploads.get(name)).data or b"" for name in names])
-        except nats.js.errors.ObjectNotFoundError:
+        parts = [await uploads.get(name) for name in names]
+        if any(found is None for found in parts):
             return DeskAnswer(refused="a part of the workspace is missing: upload it again")
+        data = b"".join(found for found in parts if found is not None)
         try:
             if hashlib.sha256(data).hexdigest() != part.sha256 or len(data) != part.size:
                 raise WorkspaceError("the workspace's parts do not make the zip it names")
@@ -116,17 +109,8 @@ class DeskUploads:
             return DeskAnswer(refused=str(error))
         finally:
             for name in names:
-                with contextlib.suppress(nats.js.errors.ObjectNotFoundError):
-                    await uploads.delete(name)
-        if not await _has(workspaces, ref.name):
+                await uploads.delete(name)
+        if not await workspaces.has(ref.name):
             await workspaces.put(ref.name, data)
         log.info("desk.uploaded", owner=owner, sha256=part.sha256, size=part.size)
         return DeskAnswer(workspace=ref)
-
-
-async def _has(store: ObjectStore, name: str) -> bool:
-    try:
-        info = await store.get_info(name)
-    except nats.js.errors.ObjectNotFoundError:
-        return False
-    return not info.deleted

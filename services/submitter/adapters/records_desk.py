@@ -14,7 +14,6 @@ from collections.abc import Callable
 
 import nats.errors
 import structlog
-from nats.aio.msg import Msg
 from pydantic import ValidationError
 
 from services.submitter import policy
@@ -48,10 +47,10 @@ from shared.events import (
     subjects_for,
 )
 from shared.jobs import JobRecord
+from shared.messaging import EventBus
 from shared.messaging.dead_letters import DETAIL, MSG_ID, ORIGINAL_SUBJECT, REASON, SERVICE
-from shared.messaging.jetstream import JetStreamBus
 from shared.messaging.kv_store import InMemoryKeyValue
-from shared.messaging.ports import StoredMessage
+from shared.messaging.ports import Asked, StoredMessage
 from shared.pool_knowledge import KNOWLEDGE_KEY
 from shared.pools import SIGHTINGS_KEY, STATUS_KEY, pools_bucket
 from shared.teams import STATUS_KEY as TEAMS_STATUS_KEY
@@ -67,7 +66,7 @@ MOST_ASKS_AT_ONCE = 256
 class RecordsDesk:
     def __init__(
         self,
-        bus: JetStreamBus,
+        bus: EventBus,
         store: JobStore,
         teams: TeamsSource | None,
         ray: RayJobs | None = None,
@@ -83,14 +82,12 @@ class RecordsDesk:
         self._in_flight: dict[str, int] = {}
         # Alone (a test, one replica), the desk counts in its own memory.
         self._allowances = allowances or KvAllowances(InMemoryKeyValue(), time.monotonic)
-        self._uploads = DeskUploads(bus.client.jetstream(), bus.prefix)
+        self._uploads = DeskUploads(bus, bus.prefix)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Answer until `stop` is set; a `Watch` of the submitter's runtime."""
         prefix = self._bus.prefix
-        asks = await self._bus.client.subscribe(
-            desk_subjects(prefix), queue=QUEUE_GROUP, cb=self._on_ask
-        )
+        asks = await self._bus.serve(desk_subjects(prefix), self._on_ask, group=QUEUE_GROUP)
         log.info("desk.open", subjects=desk_subjects(prefix))
         try:
             # News of the jobs' events, read from the stream as it stores them (a service
@@ -100,8 +97,7 @@ class RecordsDesk:
                 async for record in records:
                     self._on_news(record.data)
         finally:
-            with contextlib.suppress(nats.errors.Error):
-                await asks.unsubscribe()
+            await asks.stop()
             for task in list(self._tasks):
                 task.cancel()
 
@@ -113,9 +109,9 @@ class RecordsDesk:
         if job_id is not None and (waiting := self._news.pop(job_id, None)) is not None:
             waiting.set()
 
-    async def _on_ask(self, msg: Msg) -> None:
+    async def _on_ask(self, msg: Asked) -> None:
         reader = asker(msg.subject, self._bus.prefix)
-        if reader is None or not replies_to_asker(msg.reply, reader):
+        if reader is None or msg.reply is None or not replies_to_asker(msg.reply, reader):
             # Answered to any other subject, the answer would go there with the submitter's
             # rights: into the event stream, or to someone else's inbox.
             log.warning("desk.reply_refused", subject=msg.subject, reply=msg.reply)
@@ -135,7 +131,7 @@ class RecordsDesk:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _answer(self, msg: Msg, reader: str) -> None:
+    async def _answer(self, msg: Asked, reader: str) -> None:
         try:
             async with self._answering:
                 try:
@@ -155,10 +151,8 @@ class RecordsDesk:
             if left:
                 self._in_flight[reader] = left
 
-    @staticmethod
-    async def _respond(msg: Msg, answer: DeskAnswer) -> None:
-        with contextlib.suppress(nats.errors.Error):
-            await msg.respond(answer.model_dump_json().encode())
+    async def _respond(self, msg: Asked, answer: DeskAnswer) -> None:
+        await self._bus.answer(msg, answer.model_dump_json().encode())
 
     async def _answer_ask(self, ask: DeskAsk, reader: str) -> DeskAnswer:
         teams = self._teams.current() if self._teams is not None else None
@@ -217,10 +211,8 @@ class RecordsDesk:
             SERVICE: DESK,
             ORIGINAL_SUBJECT: desk_subject(self._bus.prefix, reader),
         }
-        with contextlib.suppress(nats.errors.Error):
-            await self._bus.client.publish(
-                dlq_subject(DESK, self._bus.prefix), raw, headers=headers
-            )
+        with contextlib.suppress(nats.errors.Error, OSError):
+            await self._bus.publish_raw(dlq_subject(DESK, self._bus.prefix), raw, headers)
 
     async def _teams_status(self, reader: str) -> DeskAnswer:
         bucket = teams_bucket(self._bus.prefix)

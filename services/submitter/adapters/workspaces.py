@@ -7,15 +7,14 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from nats.js import JetStreamContext
-
 from shared.events.types import ObjectRef
+from shared.messaging.ports import Stores
 from shared.workspace import download, unpack
 
 
 class ObjectStoreWorkspaces:
-    def __init__(self, js: JetStreamContext, cache_dir: Path) -> None:
-        self._js = js
+    def __init__(self, stores: Stores, cache_dir: Path) -> None:
+        self._stores = stores
         self._cache_dir = cache_dir
 
     async def unpack(self, ref: ObjectRef) -> Path:
@@ -24,7 +23,7 @@ class ObjectStoreWorkspaces:
         target = self._cache_dir / ref.name.removesuffix(".zip")
         if target.is_dir():
             return target
-        data = await download(self._js, ref)
+        data = await download(self._stores, ref)
         self._cache_dir.mkdir(parents=True, exist_ok=True)
         # Unpacked beside the target and renamed into place, so a crash leaves no half tree.
         staging = Path(tempfile.mkdtemp(dir=self._cache_dir, prefix=".unpacking-"))
