@@ -7,13 +7,17 @@ servers, two replicas of each service.
   event the cluster acknowledged is still there.
 - Each service's leader is killed: the other replica takes over within seconds, and jobs
   asked for afterwards run, once. A leader stalled past its lease (SIGSTOP) hands over,
-  and on waking follows."""
+  and on waking follows.
+- Checkpointing spot jobs lose their nodes as the checkpointer's and the scaler's leaders
+  die, under a burst of requests: each is resumed once per loss, and every request is
+  answered."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import os
+import shutil
 import signal
 import time
 import urllib.request
@@ -22,6 +26,11 @@ from pathlib import Path
 
 import pytest
 
+from shared.client import SpotrainClient
+from shared.events import decode, subject_for
+from shared.events.data import JobRejected, JobRequested, JobResumed, NodeLaunched
+from shared.events.types import Bundle, CapacityClass, ObjectRef
+from shared.localstack.nodes import NodeFolder, pick_node, preempt
 from shared.localstack.processes import ProcessRecord
 from shared.localstack.settings import LocalStackSettings, isolated_stack
 from shared.messaging import BusSettings
@@ -32,6 +41,7 @@ from tests.e2e.stack import spotrain
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
+EXAMPLES = Path(__file__).parents[2] / "examples"
 MARKS = "spotrain.chaos.mark"
 """Events of this test's own, on a subject no service reads: counted, never handled."""
 SLEEPER = "import sys, time; time.sleep(float(sys.argv[1])); print('slept')"
@@ -254,3 +264,119 @@ async def test_a_stalled_leader_hands_over_and_follows_when_it_wakes(
     now = await asyncio.to_thread(leader, cluster, "scaler")
     assert now is not None
     assert now["component"] == after["component"]
+
+
+PREEMPTED_JOBS = ("ha-spot-0", "ha-spot-1", "ha-spot-2")
+BURST = 40
+"""Requests asked for at once while the leaders are down (each refused: too many GPUs)."""
+
+
+def digits_job(job_id: str, workspace: ObjectRef) -> JobRequested:
+    return JobRequested(
+        job_id=job_id,
+        owner="chaos",
+        experiment="ha-chaos",
+        entrypoint=(
+            "python", "train_digits.py", "--seed", "3", "--steps=120",
+            "--checkpoint-every=10", "--report-every=5", "--step-delay-s=0.05",
+        ),
+        working_dir=workspace,
+        worker=Bundle(gpus=1, cpus=1),
+        capacity=CapacityClass.SPOT,
+        max_restarts=3,
+    )  # fmt: skip
+
+
+async def running_past_a_checkpoint(client: SpotrainClient, job_ids: set[str]) -> dict[str, str]:
+    """Each job's node, once every job runs and has checkpointed; empty until then."""
+    records = {r.job_id: r for r in await client.jobs() if r.job_id in job_ids}
+    nodes = {}
+    for job_id in job_ids:
+        record = records.get(job_id)
+        current = record.current if record is not None else None
+        if current is None or current.state.value != "running" or (current.step or 0) < 20:
+            return {}
+        nodes[job_id] = current.nodes[0]
+    return nodes
+
+
+async def test_preempted_jobs_resume_once_while_the_leaders_die_and_a_burst_is_answered(
+    cluster: LocalStackSettings, bus: JetStreamBus, tmp_path: Path
+) -> None:
+    """The heaviest day: checkpointing spot jobs lose their nodes (no notice) in the very
+    moment the checkpointer's and the scaler's leaders are killed, while a burst of
+    requests arrives. The other replicas take over: each job is resumed from its
+    checkpoint once per loss and succeeds, no attempt reaches Ray twice, no node is
+    launched twice, and every request of the burst is answered."""
+    try:
+        project = tmp_path / "project"
+        project.mkdir()
+        shutil.copy(EXAMPLES / "train_digits.py", project)
+        settings = BusSettings(nats_url=cluster.nats_url, connect_timeout_s=10)
+        async with await SpotrainClient.connect(settings) as client:
+            workspace = await client.upload_workspace(project, owner="chaos")
+            for job_id in PREEMPTED_JOBS:
+                await client.submit(digits_job(job_id, workspace), answer_timeout_s=0.01)
+            nodes: dict[str, str] = {}
+
+            async def all_running() -> bool:
+                nodes.update(await running_past_a_checkpoint(client, set(PREEMPTED_JOBS)))
+                return bool(nodes)
+
+            await eventually(all_running, timeout_s=240, interval_s=1)
+
+            leaders = [
+                await asyncio.to_thread(leader, cluster, s) for s in ("checkpointer", "scaler")
+            ]
+            folder = NodeFolder(cluster.node_dir)
+            for found in leaders:
+                assert found is not None
+                os.kill(int(str(found["pid"])), signal.SIGKILL)
+            for node in sorted(set(nodes.values())):
+                preempt(folder, pick_node(folder, node), notice_s=0)
+            burst = [
+                JobRequested(
+                    job_id=f"ha-burst-{n:02d}",
+                    owner="chaos",
+                    entrypoint=("python", "-c", "0"),
+                    worker=Bundle(gpus=9, cpus=1),
+                )
+                for n in range(BURST)
+            ]
+            answers = await client.submit_many(burst, answer_timeout_s=60)
+            unanswered = sorted(job_id for job_id, answer in answers.items() if answer is None)
+            assert unanswered == [], "every request of the burst is answered"
+            assert all(isinstance(a.data, JobRejected) for a in answers.values() if a is not None)
+
+            async def all_ended() -> bool:
+                records = [r for r in await client.jobs() if r.job_id in PREEMPTED_JOBS]
+                return len(records) == len(PREEMPTED_JOBS) and not any(r.is_active for r in records)
+
+            await eventually(all_ended, timeout_s=300, interval_s=1)
+            records = {r.job_id: r for r in await client.jobs() if r.job_id in PREEMPTED_JOBS}
+
+        events = [decode(m.data) for m in await bus.read(f"{bus.prefix}.job.>")]
+        launched = [
+            decode(m.data).data for m in await bus.read(subject_for(NodeLaunched, bus.prefix))
+        ]
+        for job_id, record in records.items():
+            assert record.state.value == "succeeded", (job_id, record.detail)
+            assert len(record.attempts) >= 2, f"{job_id} was preempted: a second attempt"
+            resumes = [
+                e.data for e in events
+                if isinstance(e.data, JobResumed) and e.data.job_id == job_id
+            ]  # fmt: skip
+            numbers = [r.attempt for r in resumes]
+            assert len(numbers) == len(set(numbers)) == len(record.attempts) - 1, resumes
+            assert resumes[0].from_step >= 10, "resumed from its checkpoint, not from scratch"
+            submitted = await asyncio.to_thread(ray_submissions, cluster, job_id)
+            assert submitted == len(record.attempts), f"{job_id}: one Ray job per attempt"
+        names = [node.node for node in launched if isinstance(node, NodeLaunched)]
+        assert len(names) == len(set(names)), "no node launched twice"
+        lost = set(nodes.values())
+        assert lost <= set(names), "the preempted nodes were launched, and billed, once"
+        assert len(names) > len(lost), "new capacity for the resumed attempts"
+    finally:
+        # The killed replicas back, for the tests after this one.
+        up = await asyncio.to_thread(spotrain, env_of(cluster), "up", timeout_s=180)
+        assert up.returncode == 0, up.stderr
