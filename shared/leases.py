@@ -31,6 +31,23 @@ def leases_bucket(prefix: str) -> str:
     return f"{prefix}-leases"
 
 
+RELEASE_KEY = "release"
+"""The key of the leases bucket that names the installation whose services lease in it: a
+second installation on the same NATS with the same prefix would otherwise share leaders."""
+
+
+def release_refusal(bucket: str, owner: str, mine: str) -> str | None:
+    """Why this installation (`mine`) may not lease in a bucket another (`owner`) claimed;
+    None when it is its own."""
+    if owner == mine:
+        return None
+    return (
+        f"the leases bucket {bucket} belongs to the installation {owner!r}, not {mine!r}: give "
+        "this one a subject prefix of its own (SPOTRAIN_SUBJECT_PREFIX), or, if that one is "
+        f"gone for good, delete the key: nats kv del {bucket} {RELEASE_KEY}"
+    )
+
+
 class LeaseRecord(BaseModel):
     """What the bucket holds for one lease."""
 

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Self
+from collections.abc import Awaitable, Callable
+from functools import partial
+from typing import Self, TypeVar
 
 import nats.js.errors
+import structlog
 from nats.js import JetStreamContext
 from nats.js.api import KeyValueConfig, StorageType
 from nats.js.kv import KeyValue as NatsKeyValue
@@ -16,8 +19,41 @@ from shared.messaging.failover import through_failover
 from shared.messaging.kv import latest_entries
 from shared.messaging.ports import Entry, check_key_prefix
 
+T = TypeVar("T")
+
 WRONG_LAST_SEQUENCE = 10071
 """JetStream's error code for a write whose expected revision is not the key's latest."""
+STREAM_NAME_IN_USE = 10058
+"""JetStream's error code for a stream declared again with another configuration."""
+
+log = structlog.get_logger()
+
+
+async def declared_with_replicas(
+    failover_s: float,
+    declare: Callable[[], Awaitable[T]],
+    js: JetStreamContext,
+    stream: str,
+    replicas: int,
+) -> T:
+    """Declare a bucket or store; one that exists with another number of copies (an
+    installation of one server grown to three) is first brought to `replicas`, as
+    `nats stream edit --replicas` would: JetStream copies it to the new servers while it
+    keeps serving. Any other difference is refused, as JetStream refuses it."""
+    try:
+        return await through_failover(failover_s, declare)
+    except nats.js.errors.APIError as error:
+        if getattr(error, "err_code", None) != STREAM_NAME_IN_USE:
+            raise
+        info = await through_failover(failover_s, js.stream_info, stream)
+        before = info.config.num_replicas
+        if before == replicas:
+            raise
+        await through_failover(
+            failover_s, js.update_stream, info.config.evolve(num_replicas=replicas)
+        )
+        log.info("bucket.replicas_changed", stream=stream, before=before, after=replicas)
+    return await through_failover(failover_s, declare)
 
 
 FAILOVER_S = 10.0
@@ -76,7 +112,9 @@ class JetStreamKeyValue:
             replicas=replicas,
             ttl=ttl_s,
         )
-        kv = await through_failover(failover_s, js.create_key_value, config)
+        kv = await declared_with_replicas(
+            failover_s, partial(js.create_key_value, config), js, f"KV_{bucket}", replicas
+        )
         return cls(js, kv, bucket, failover_s=failover_s)
 
     async def get(self, key: str) -> Entry | None:

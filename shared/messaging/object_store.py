@@ -3,6 +3,7 @@ contract (`tests/contract/test_bus_contract.py`)."""
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Self
 
 import nats.js.errors
@@ -11,6 +12,7 @@ from nats.js.api import ObjectMeta, ObjectStoreConfig, StorageType
 from nats.js.object_store import ObjectStore as NatsObjectStore
 
 from shared.messaging.failover import through_failover
+from shared.messaging.kv_store import declared_with_replicas
 from shared.messaging.ports import ObjectStoreMissingError, StoredObject
 
 
@@ -38,7 +40,9 @@ class JetStreamObjectStore:
         config = ObjectStoreConfig(
             bucket=name, storage=StorageType.FILE, ttl=ttl_s, replicas=replicas
         )
-        store = await through_failover(failover_s, js.create_object_store, name, config)
+        store = await declared_with_replicas(
+            failover_s, partial(js.create_object_store, name, config), js, f"OBJ_{name}", replicas
+        )
         return cls(js, store, name, failover_s=failover_s)
 
     @classmethod

@@ -11,10 +11,38 @@ from collections.abc import Callable
 
 import structlog
 
-from shared.leases import LeaseRecord, LeaseTimes, Move, Sighting, decide, leads, read_record
+from shared.leases import (
+    RELEASE_KEY,
+    LeaseRecord,
+    LeaseTimes,
+    Move,
+    Sighting,
+    decide,
+    leads,
+    read_record,
+    release_refusal,
+)
 from shared.messaging.ports import KeyValue
 
 log = structlog.get_logger()
+
+
+class LeasesOwnedElsewhereError(RuntimeError):
+    """The leases bucket was claimed by another installation: refused at start, with the
+    setting to change, rather than two installations sharing one leader."""
+
+
+async def claim_leases(kv: KeyValue, bucket: str, release: str) -> None:
+    """Claim the leases bucket for this installation on first start; at every later start,
+    check the claim is this installation's."""
+    if await kv.create(RELEASE_KEY, release.encode()) is not None:
+        log.info("leases.claimed", bucket=bucket, release=release)
+        return
+    entry = await kv.get(RELEASE_KEY)
+    owner = entry.value.decode() if entry is not None else release
+    refusal = release_refusal(bucket, owner, release)
+    if refusal is not None:
+        raise LeasesOwnedElsewhereError(refusal)
 
 
 class LeaderLease:

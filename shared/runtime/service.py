@@ -27,7 +27,12 @@ from shared.messaging.delivery import declare_dead_letters
 from shared.messaging.jetstream import BusSettingsError, JetStreamBus
 from shared.messaging.metrics import BUS_CONNECTED, SERVICE_LEADING
 from shared.runtime.http import start_http_endpoint
-from shared.runtime.leadership import LeaderLease, Leadership
+from shared.runtime.leadership import (
+    LeaderLease,
+    Leadership,
+    LeasesOwnedElsewhereError,
+    claim_leases,
+)
 from shared.setting_errors import setting_error_line
 
 log = structlog.get_logger()
@@ -99,6 +104,9 @@ class RuntimeSettings(BaseSettings):
         default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}", min_length=1
     )
     """This replica's name in its service's lease (the pod's name on GKE)."""
+    release: str | None = Field(None, min_length=1)
+    """The installation this replica belongs to (the chart's namespace/release): it claims
+    the leases bucket, and a replica of another installation is refused at start."""
     lease_duration_s: float = Field(4.0, gt=0)
     """How long the lease stays unchanged before another replica takes it over."""
     lease_renew_deadline_s: float = Field(3.0, gt=0)
@@ -135,6 +143,8 @@ async def serve(
         stack.push_async_callback(bus.close)
         await bus.ensure_stream()
         definition = await bootstrap(bus, stack)
+        # Before the endpoint says it is up: a bucket another installation claimed stops it.
+        lease = await _lease_of(name, bus, runtime, definition)
         consumers_stop = asyncio.Event()
 
         def is_healthy() -> bool:
@@ -147,7 +157,6 @@ async def serve(
         port = server.sockets[0].getsockname()[1]
         log_.info("service.started", http_port=port, nats_url=bus_settings.nats_url)
 
-        lease = await _lease_of(name, bus, runtime, definition)
         lease_stop = asyncio.Event()
         async with asyncio.TaskGroup() as group:
             keeping = group.create_task(lease.keep(lease_stop)) if lease else None
@@ -186,6 +195,8 @@ async def _lease_of(
     if not any(once):
         return None
     kv = await bus.declare_bucket(leases_bucket(bus.prefix))
+    if runtime.release is not None:
+        await claim_leases(kv, leases_bucket(bus.prefix), runtime.release)
     lease = LeaderLease(kv, name, runtime.replica, times=runtime.lease_times())
     if definition.leadership is not None:
         definition.leadership.bind(lease)
@@ -285,6 +296,6 @@ def run(
     configure_logging(json=runtime.log_json, level=runtime.log_level)
     try:
         asyncio.run(serve(name, bootstrap, bus_settings=bus_settings, runtime=runtime))
-    except BusSettingsError as error:
+    except (BusSettingsError, LeasesOwnedElsewhereError) as error:
         print(f"{name}: error: {error}", file=sys.stderr)
         raise SystemExit(2) from None

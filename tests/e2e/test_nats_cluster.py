@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import secrets
 import shutil
 import signal
 import time
@@ -36,6 +37,8 @@ from shared.localstack.settings import LocalStackSettings, isolated_stack
 from shared.messaging import BusSettings
 from shared.messaging.dead_letters import MSG_ID
 from shared.messaging.jetstream import JetStreamBus
+from shared.messaging.kv_store import JetStreamKeyValue
+from shared.messaging.object_store import JetStreamObjectStore
 from tests.async_helpers import eventually
 from tests.e2e.stack import spotrain
 
@@ -84,6 +87,23 @@ async def test_the_stream_and_every_bucket_are_on_three_servers(bus: JetStreamBu
         assert info.config.num_replicas == 3, name
         assert info.cluster is not None
         assert len(info.cluster.replicas or []) == 2, name  # besides the leader
+
+
+async def test_a_bucket_and_a_store_of_one_copy_are_brought_to_three(bus: JetStreamBus) -> None:
+    """An installation of one server grown to a cluster: its buckets and stores of one copy
+    are brought to the bus's three when their writer declares them, their values kept."""
+    js = bus.client.jetstream()
+    name = f"grown{secrets.token_hex(3)}"
+    single = await JetStreamKeyValue.declare(js, name, replicas=1)
+    await single.put("job-1", b"kept")
+    await JetStreamObjectStore.declare(js, f"{name}-objects", replicas=1)
+    grown = await bus.declare_bucket(name)
+    await bus.declare_store(f"{name}-objects")
+    for stream in (f"KV_{name}", f"OBJ_{name}-objects"):
+        assert (await js.stream_info(stream)).config.num_replicas == 3, stream
+    entry = await grown.get("job-1")
+    assert entry is not None
+    assert entry.value == b"kept"
 
 
 async def publish_marks(bus: JetStreamBus, first: int, count: int) -> set[str]:

@@ -431,6 +431,8 @@ def test_two_of_every_service_spread_named_in_the_lease_and_kept_through_a_drain
         env = env_of(pod["containers"][0])
         [replica] = [v for k, v in env.items() if k.endswith("_REPLICA")]
         assert replica == {"fieldRef": {"fieldPath": "metadata.name"}}
+        [release] = [v for k, v in env.items() if k.endswith("_RELEASE")]
+        assert release.endswith("/spotrain"), "namespace/release: it claims the leases bucket"
         budget = budgets[name]
         assert budget["spec"]["minAvailable"] == 1
         assert budget["spec"]["selector"]["matchLabels"] == spec["selector"]["matchLabels"]

@@ -80,6 +80,49 @@ async def test_a_service_process_serves_health_and_metrics_and_stops_on_sigterm(
     assert all(line.startswith("{") for line in lines), "service logs are JSON lines"
 
 
+async def test_a_second_installation_on_the_same_bus_and_prefix_is_refused_at_start(
+    bus_settings: BusSettings,
+) -> None:
+    """Two installations on one NATS with one prefix would share each service's leader:
+    the first claims the leases bucket, the second exits with one line naming the fix."""
+    port = free_port()
+    env = {
+        **os.environ,
+        "SPOTRAIN_NATS_URL": bus_settings.nats_url,
+        "SPOTRAIN_SUBJECT_PREFIX": bus_settings.subject_prefix,
+        "SPOTRAIN_SUBMITTER_HTTP_PORT": str(port),
+        "SPOTRAIN_SUBMITTER_RELEASE": "ml/spotrain",
+    }
+    first = subprocess.Popen(  # noqa: ASYNC220  # started once; the loop never waits on it
+        [sys.executable, "-m", "services.submitter"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        await eventually(lambda: _get(f"http://127.0.0.1:{port}/healthz")[0] == 200, timeout_s=20)
+        other = {**env, "SPOTRAIN_SUBMITTER_HTTP_PORT": "0"}
+        other["SPOTRAIN_SUBMITTER_RELEASE"] = "research/spotrain"
+        second = await asyncio.to_thread(
+            subprocess.run,
+            [sys.executable, "-m", "services.submitter"],
+            env=other,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    finally:
+        first.kill()
+        first.wait()
+    assert second.returncode == 2, second.stderr
+    # One line besides the JSON log: the service never said it started.
+    [line] = [line for line in second.stderr.splitlines() if not line.startswith("{")]
+    assert '"service.started"' not in second.stderr
+    assert line.startswith("submitter: error: the leases bucket ")
+    assert "'ml/spotrain'" in line
+    assert "SPOTRAIN_SUBJECT_PREFIX" in line
+
+
 def _runtime(grace_period_s: float) -> RuntimeSettings:
     return RuntimeSettings(http_port=0, grace_period_s=grace_period_s, log_json=True)
 

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from shared.leases import LeaseRecord, LeaseTimes, Move, Sighting, decide, read_record
 from shared.messaging.kv_store import InMemoryKeyValue
 from shared.messaging.ports import Entry
-from shared.runtime.leadership import LeaderLease
+from shared.runtime.leadership import LeaderLease, LeasesOwnedElsewhereError, claim_leases
 
 TIMES = LeaseTimes(duration_s=4.0, renew_deadline_s=3.0, renew_every_s=1.0)
 
@@ -162,3 +162,15 @@ async def test_a_leader_confirms_by_renewing_and_a_follower_never_does() -> None
     assert not await second.confirm()
     clock.now += TIMES.renew_deadline_s
     assert not await first.confirm(), "past its renew deadline it does not even try"
+
+
+async def test_the_first_installation_claims_the_leases_and_another_is_refused() -> None:
+    kv = InMemoryKeyValue()
+    await claim_leases(kv, "spotrain-leases", "ml/spotrain")
+    await claim_leases(kv, "spotrain-leases", "ml/spotrain")  # every later start
+    with pytest.raises(LeasesOwnedElsewhereError) as refused:
+        await claim_leases(kv, "spotrain-leases", "research/spotrain")
+    [line] = str(refused.value).splitlines()
+    assert "'ml/spotrain'" in line
+    assert "SPOTRAIN_SUBJECT_PREFIX" in line
+    assert "nats kv del spotrain-leases release" in line
