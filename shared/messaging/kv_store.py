@@ -10,11 +10,11 @@ from functools import partial
 from typing import Self, TypeVar
 
 import nats.js.errors
-import structlog
 from nats.js import JetStreamContext
 from nats.js.api import KeyValueConfig, StorageType
 from nats.js.kv import KeyValue as NatsKeyValue
 
+from shared.logs import deferred_logger
 from shared.messaging.failover import through_failover
 from shared.messaging.kv import latest_entries
 from shared.messaging.ports import Entry, check_key_prefix
@@ -26,7 +26,7 @@ WRONG_LAST_SEQUENCE = 10071
 STREAM_NAME_IN_USE = 10058
 """JetStream's error code for a stream declared again with another configuration."""
 
-log = structlog.get_logger()
+log = deferred_logger()
 
 
 async def declared_with_replicas(
