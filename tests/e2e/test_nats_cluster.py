@@ -297,7 +297,7 @@ def digits_job(job_id: str, workspace: ObjectRef) -> JobRequested:
         owner="chaos",
         experiment="ha-chaos",
         entrypoint=(
-            "python", "train_digits.py", "--seed", "3", "--steps=120",
+            "python", "train_digits.py", "--seed", "3", "--steps=600",
             "--checkpoint-every=10", "--report-every=5", "--step-delay-s=0.05",
         ),
         working_dir=workspace,
@@ -333,6 +333,8 @@ async def test_preempted_jobs_resume_once_while_the_leaders_die_and_a_burst_is_a
         project.mkdir()
         shutil.copy(EXAMPLES / "train_digits.py", project)
         settings = BusSettings(nats_url=cluster.nats_url, connect_timeout_s=10)
+        # Found first: once the jobs run, the kills and the preemptions follow at once.
+        leaders = [await asyncio.to_thread(leader, cluster, s) for s in ("checkpointer", "scaler")]
         async with await SpotrainClient.connect(settings) as client:
             workspace = await client.upload_workspace(project, owner="chaos")
             for job_id in PREEMPTED_JOBS:
@@ -345,9 +347,6 @@ async def test_preempted_jobs_resume_once_while_the_leaders_die_and_a_burst_is_a
 
             await eventually(all_running, timeout_s=240, interval_s=1)
 
-            leaders = [
-                await asyncio.to_thread(leader, cluster, s) for s in ("checkpointer", "scaler")
-            ]
             folder = NodeFolder(cluster.node_dir)
             for found in leaders:
                 assert found is not None
