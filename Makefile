@@ -61,8 +61,9 @@ $(TOOLS)/prometheus:
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
+# The slowest tests are listed at the end: the suite's time on 2 cores is a budget.
 test: lint docs $(TOOLS)/helm $(TOOLS)/prometheus
-	$(BIN)/pytest
+	$(BIN)/pytest --durations=25
 
 down: $(DEMO_STAMP)
 	$(BIN)/spotrain down
