@@ -39,6 +39,9 @@ def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def shell(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[InteractiveShell]:
     """A real IPython shell with the extension loaded, keeping nothing in the home folder."""
     monkeypatch.setenv("IPYTHONDIR", str(tmp_path / "ipython"))
+    # A shell started from another activated virtualenv: IPython warns of it, and the
+    # suite turns warnings into errors.
+    monkeypatch.delenv("VIRTUAL_ENV", raising=False)
     config = Config()
     config.HistoryManager.enabled = False
     ipython = InteractiveShell.instance(config=config)
