@@ -46,7 +46,7 @@ from shared.events.data import (
     JobSucceeded,
 )
 from shared.events.types import ObjectRef
-from shared.jobs import JobRecord, jobs_bucket, refusals_bucket
+from shared.jobs import JobRecord, JobsBucket, jobs_bucket, refusals_bucket
 from shared.messaging import BusSettings, EventBus
 from shared.messaging.jetstream import BusUnavailableError, JetStreamBus
 from shared.messaging.ports import NoAnswerError
@@ -324,11 +324,9 @@ class SpotrainClient:
                 r for answer in await self._pages(DeskAsk(ask=Ask.JOBS)) for r in answer.records
             ]
         try:
-            # Empty before the first job: the submitter declares the bucket.
-            entries = await self._bus.bucket(jobs_bucket(self.prefix)).entries()
+            records = await self._jobs_bucket().all()
         except nats.errors.TimeoutError as error:
             raise PlatformError("NATS did not answer in time") from error
-        records = [JobRecord.model_validate_json(entry.value) for entry in entries]
         return sorted(records, key=lambda r: r.accepted_at, reverse=True)
 
     async def job(self, job_id: str) -> JobRecord | None:
@@ -336,11 +334,10 @@ class SpotrainClient:
         if self._person is not None:
             answer = await self._ask(DeskAsk(ask=Ask.JOB, job_id=job_id))
             return answer.records[0] if answer.records else None
-        found = await self._entry(jobs_bucket(self.prefix), job_id)
-        if found is None:
-            # A refused request's record is kept for a while in a bucket of its own.
-            found = await self._entry(refusals_bucket(jobs_bucket(self.prefix)), job_id)
-        return JobRecord.model_validate_json(found) if found else None
+        try:
+            return await self._jobs_bucket().get(job_id)
+        except nats.errors.TimeoutError as error:
+            raise PlatformError("NATS did not answer in time") from error
 
     async def history(self, job_id: str) -> list[Event[EventData]]:
         """Every stored event about the job, oldest first."""
@@ -552,6 +549,10 @@ class SpotrainClient:
         if self._person is not None:
             return await self._asked_entry(Ask.POOLS, key)
         return await self._entry(pools_bucket(self.prefix), key)
+
+    def _jobs_bucket(self) -> JobsBucket:
+        jobs = jobs_bucket(self.prefix)
+        return JobsBucket(self._bus.bucket(jobs), self._bus.bucket(refusals_bucket(jobs)))
 
     async def _entry(self, bucket: str, key: str) -> bytes | None:
         """The key's value; None while the bucket or the key has none. Through a cluster's

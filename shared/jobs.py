@@ -10,6 +10,7 @@ from pydantic import AwareDatetime, Field
 
 from shared.events.data import InterruptionCause, JobRequested, RejectionReason
 from shared.events.types import Bundle, CapacityClass, Frozen
+from shared.messaging.ports import KeyValue
 
 
 def jobs_bucket(prefix: str) -> str:
@@ -309,3 +310,28 @@ def span_text(seconds: float) -> str:
     if minutes:
         return f"{minutes}m{secs:02d}s"
     return f"{secs}s"
+
+
+class JobsBucket:
+    """The jobs bucket, read (by the checkpointer, the client): the submitter, its only
+    writer, declares it, and until then it reads empty. A refused request's record is kept
+    for a while in a bucket of its own (`refusals_bucket`), which `get` looks in too when
+    it is given."""
+
+    def __init__(self, jobs: KeyValue, refusals: KeyValue | None = None) -> None:
+        self._jobs = jobs
+        self._refusals = refusals
+
+    async def get(self, job_id: str) -> JobRecord | None:
+        entry = await self._jobs.get(job_id)
+        if entry is None and self._refusals is not None:
+            entry = await self._refusals.get(job_id)
+        return JobRecord.model_validate_json(entry.value) if entry else None
+
+    async def all(self) -> list[JobRecord]:
+        """Every admitted job's record, in no order."""
+        return [JobRecord.model_validate_json(entry.value) for entry in await self._jobs.entries()]
+
+    async def active(self) -> list[JobRecord]:
+        """Every job that has not ended."""
+        return [record for record in await self.all() if record.is_active]

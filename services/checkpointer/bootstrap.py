@@ -6,12 +6,11 @@ from contextlib import AsyncExitStack
 
 from services.checkpointer import metrics
 from services.checkpointer.adapters.checkpoint_store import StorageCheckpoints
-from services.checkpointer.adapters.kv_jobs import KvJobReader
 from services.checkpointer.adapters.ray_gcs import RayGcsNodes
 from services.checkpointer.handlers import SERVICE, SUBSCRIPTIONS, Deps, review_moves
 from services.checkpointer.settings import CheckpointerSettings
 from shared.clock import SystemClock
-from shared.jobs import jobs_bucket
+from shared.jobs import JobsBucket, jobs_bucket
 from shared.messaging import EventBus, Subscription, bind_routes
 from shared.pools import PoolsBucket, pools_bucket
 from shared.runtime import ServiceDefinition, Ticker
@@ -23,7 +22,7 @@ async def bootstrap(bus: EventBus, stack: AsyncExitStack) -> ServiceDefinition:
     deps = Deps(
         bus=bus,
         clock=SystemClock(),
-        jobs=KvJobReader(bus.bucket(jobs_bucket(bus.prefix))),
+        jobs=JobsBucket(bus.bucket(jobs_bucket(bus.prefix))),
         checkpoints=StorageCheckpoints(),
         ray=RayGcsNodes(settings.ray_gcs_address),
         config=settings.recovery_config(),

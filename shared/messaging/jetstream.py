@@ -8,7 +8,7 @@ import re
 import secrets
 import ssl
 import time
-from collections.abc import AsyncGenerator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -411,6 +411,17 @@ class JetStreamBus:
         else:
             await self._js.update_stream(config)
 
+    @contextlib.contextmanager
+    def _copies_checked(self) -> Iterator[None]:
+        """A bucket or store asked for with more copies than the cluster has servers: one
+        line naming the setting, not JetStream's error."""
+        try:
+            yield
+        except nats.js.errors.APIError as error:
+            if error.err_code in TOO_FEW_SERVERS:
+                raise BusSettingsError(_too_many_replicas(self.replicas, error)) from None
+            raise
+
     async def has_stream(self) -> bool:
         """Whether the event stream exists (a stack that never started has none)."""
         try:
@@ -422,7 +433,7 @@ class JetStreamBus:
     async def declare_bucket(
         self, bucket: str, *, history: int = 1, ttl_s: float | None = None
     ) -> KeyValue:
-        try:
+        with self._copies_checked():
             return await JetStreamKeyValue.declare(
                 self._js,
                 bucket,
@@ -431,16 +442,12 @@ class JetStreamBus:
                 ttl_s=ttl_s,
                 failover_s=self._settings.publish_timeout_s,
             )
-        except nats.js.errors.APIError as error:
-            if error.err_code in TOO_FEW_SERVERS:
-                raise BusSettingsError(_too_many_replicas(self.replicas, error)) from None
-            raise
 
     def bucket(self, bucket: str) -> KeyValue:
         return JetStreamKeyValue.of(self._js, bucket, failover_s=self._settings.publish_timeout_s)
 
     async def declare_store(self, store: str, *, ttl_s: float | None = None) -> ObjectStore:
-        try:
+        with self._copies_checked():
             return await JetStreamObjectStore.declare(
                 self._js,
                 store,
@@ -448,10 +455,6 @@ class JetStreamBus:
                 ttl_s=ttl_s,
                 failover_s=self._settings.publish_timeout_s,
             )
-        except nats.js.errors.APIError as error:
-            if error.err_code in TOO_FEW_SERVERS:
-                raise BusSettingsError(_too_many_replicas(self.replicas, error)) from None
-            raise
 
     def store(self, store: str) -> ObjectStore:
         return JetStreamObjectStore.of(self._js, store, failover_s=self._settings.publish_timeout_s)

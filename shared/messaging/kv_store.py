@@ -17,7 +17,7 @@ from nats.js.kv import KeyValue as NatsKeyValue
 from shared.logs import deferred_logger
 from shared.messaging.failover import through_failover
 from shared.messaging.kv import latest_entries
-from shared.messaging.ports import Entry, check_key_prefix
+from shared.messaging.ports import BucketMissingError, Entry, check_key_prefix
 
 T = TypeVar("T")
 
@@ -178,7 +178,7 @@ class JetStreamKeyValue:
         kv = await self._handle()
         if kv is None:
             msg = f"the bucket {self._bucket} is not declared: its writer declares it at start"
-            raise nats.js.errors.BucketNotFoundError(description=msg)
+            raise BucketMissingError(msg)
         return kv
 
 
@@ -246,7 +246,7 @@ class InMemoryKeyValue:
     def _writable(self) -> None:
         if not self.declared:
             msg = "the bucket is not declared: its writer declares it at start"
-            raise nats.js.errors.BucketNotFoundError(description=msg)
+            raise BucketMissingError(msg)
 
     def _put(self, key: str, value: bytes) -> int:
         self._revision += 1

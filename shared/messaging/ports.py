@@ -112,6 +112,11 @@ def check_key_prefix(prefix: str) -> None:
         raise ValueError(msg)
 
 
+class BucketMissingError(RuntimeError):
+    """A key-value bucket its writer has not declared yet: it is declared at that writer's
+    start."""
+
+
 class Buckets(Protocol):
     """Where key-value buckets are declared and found."""
 
@@ -124,8 +129,8 @@ class Buckets(Protocol):
         ...
 
     def bucket(self, bucket: str) -> KeyValue:
-        """A bucket another process declares: it reads as empty, and refuses writes, until
-        then (a reader may start before its writer)."""
+        """A bucket another process declares: it reads as empty, and its writes raise
+        `BucketMissingError`, until then (a reader may start before its writer)."""
         ...
 
 

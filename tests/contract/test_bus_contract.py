@@ -8,7 +8,6 @@ import secrets
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import nats.js.errors
 import pytest
 
 from shared.events import Event, decode, dlq_subject, subject_for, subject_of
@@ -22,7 +21,12 @@ from shared.messaging import (
 )
 from shared.messaging.dead_letters import DELIVERIES, ORIGINAL_SUBJECT, REASON, SERVICE
 from shared.messaging.memory import InMemoryBus
-from shared.messaging.ports import Asked, NoAnswerError, ObjectStoreMissingError
+from shared.messaging.ports import (
+    Asked,
+    BucketMissingError,
+    NoAnswerError,
+    ObjectStoreMissingError,
+)
 from tests.async_helpers import consuming, eventually
 from tests.events import job_requested
 
@@ -278,7 +282,7 @@ async def test_a_bucket_is_declared_by_its_writer_and_read_empty_before(bus: Eve
     reader = bus.bucket(name)
     assert await reader.get("status") is None
     assert await reader.entries() == []
-    with pytest.raises(nats.js.errors.BucketNotFoundError):
+    with pytest.raises(BucketMissingError):
         await reader.put("status", b"mine")
     writer = await bus.declare_bucket(name, history=2)
     assert await bus.declare_bucket(name, history=2) is not None  # idempotent

@@ -7,12 +7,13 @@ import asyncio
 import uuid
 from datetime import UTC, datetime
 
-import nats.js.errors
 import pytest
 
+from shared.events.data import JobRequested
+from shared.jobs import JobRecord, JobsBucket, JobState
 from shared.messaging.jetstream import JetStreamBus
 from shared.messaging.kv_store import InMemoryKeyValue, JetStreamKeyValue
-from shared.messaging.ports import KeyValue
+from shared.messaging.ports import BucketMissingError, KeyValue
 from shared.pools import SPEND_KEY, OwnersSpend, PoolsBucket
 
 
@@ -108,7 +109,7 @@ async def test_a_bucket_not_declared_yet_reads_empty_and_refuses_writes(
     reader = JetStreamKeyValue.of(js, bucket)
     assert await reader.get("status") is None
     assert await reader.entries() == []
-    with pytest.raises(nats.js.errors.BucketNotFoundError):
+    with pytest.raises(BucketMissingError):
         await reader.create("status", b"x")
     writer = await JetStreamKeyValue.declare(js, bucket)
     assert await writer.create("status", b"up") is not None
@@ -126,3 +127,32 @@ async def test_the_pools_bucket_is_read_through_the_port() -> None:
     spend = OwnersSpend(since=now.replace(day=1), at=now, by_owner={"ann": 12.5})
     assert await kv.create(SPEND_KEY, spend.model_dump_json().encode()) is not None
     assert await pools.spend() == spend
+
+
+def _job(job_id: str, state: JobState) -> JobRecord:
+    now = datetime.now(UTC)
+    request = JobRequested(job_id=job_id, owner="ann", entrypoint=("python", "t.py"))
+    return JobRecord(
+        request=request, request_event_id=f"ev-{job_id}", state=state, accepted_at=now,
+        updated_at=now,
+    )  # fmt: skip
+
+
+async def test_the_jobs_bucket_is_read_through_the_port(kv: KeyValue) -> None:
+    """What the checkpointer and the client read: admitted jobs, the active among them,
+    and a refused request's record from the bucket refusals are kept in."""
+    refusals = InMemoryKeyValue()
+    jobs = JobsBucket(kv, refusals)
+    assert await jobs.get("running") is None
+    assert await jobs.all() == []
+    for record in (_job("running", JobState.RUNNING), _job("done", JobState.SUCCEEDED)):
+        await kv.create(record.job_id, record.model_dump_json().encode())
+    refused = _job("refused", JobState.REJECTED)
+    await refusals.create(refused.job_id, refused.model_dump_json().encode())
+    found = await jobs.get("running")
+    assert found is not None
+    assert found.state is JobState.RUNNING
+    assert await jobs.get("refused") == refused
+    assert await JobsBucket(kv).get("refused") is None, "without the refusals' bucket"
+    assert sorted(r.job_id for r in await jobs.all()) == ["done", "running"]
+    assert [r.job_id for r in await jobs.active()] == ["running"]

@@ -17,7 +17,6 @@ from typing import Any
 import pytest
 from nats.js.api import ConsumerConfig
 
-from services.checkpointer.adapters.kv_jobs import KvJobReader
 from services.scaler.adapters.kv_demand import KvDemandStore
 from services.submitter.adapters.kv_job_store import KvJobStore
 from services.submitter.adapters.workspaces import ObjectStoreWorkspaces
@@ -36,7 +35,7 @@ from shared.events.data import (
     PoolResized,
 )
 from shared.events.types import CapacityClass
-from shared.jobs import JobRecord, JobState, jobs_bucket
+from shared.jobs import JobRecord, JobsBucket, JobState, jobs_bucket
 from shared.localstack.nats_server import NatsServer
 from shared.messaging import BusSettings, Handler, Subscription
 from shared.messaging.jetstream import (
@@ -206,7 +205,7 @@ async def test_the_watcher_the_agent_and_the_checkpointer_do_their_part(
     await watcher.publish(_event(NodeLost(node="n-1", source=NoticeSource.LOCAL)))
 
     checkpointer = await platform.bus(Role.CHECKPOINTER)
-    jobs = KvJobReader(checkpointer.bucket(jobs_bucket(PREFIX)))
+    jobs = JobsBucket(checkpointer.bucket(jobs_bucket(PREFIX)))
     pools = PoolsBucket(checkpointer.bucket(pools_bucket(PREFIX)))
     resumed: list[str] = []
 
