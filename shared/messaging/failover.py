@@ -16,14 +16,20 @@ T = TypeVar("T")
 
 async def through_failover(timeout_s: float, call: Callable[..., Awaitable[T]], *args: Any) -> T:
     """A JetStream API call (or a few, as one), again while the cluster answers nothing
-    or 503: a stream whose leader's server was lost elects another within seconds. Up to
-    `timeout_s`; the bus's own calls wait `publish_timeout_s`, as a publish does through a
-    server's restart."""
+    or 503: a stream whose leader's server was lost elects another within seconds, and a
+    stream just created on other servers of a cluster has no responder on its subjects
+    until its interest reaches the server this client speaks to. Up to `timeout_s`; the
+    bus's own calls wait `publish_timeout_s`, as a publish does through a server's
+    restart."""
     deadline = time.monotonic() + timeout_s
     while True:
         try:
             return await call(*args)
-        except (nats.errors.TimeoutError, nats.js.errors.ServiceUnavailableError):
+        except (
+            nats.errors.TimeoutError,
+            nats.js.errors.ServiceUnavailableError,
+            nats.js.errors.NoStreamResponseError,
+        ):
             if time.monotonic() > deadline:
                 raise
         except nats.js.errors.APIError as error:
