@@ -56,13 +56,17 @@ $(TOOLS)/helm:
 $(TOOLS)/prometheus:
 	tools/install-prometheus $(TOOLS)
 
+# chromium for the web page's browser tests, from Debian's package (or the one on PATH).
+$(TOOLS)/chromium:
+	tools/install-chromium $(TOOLS)
+
 # The reference site, into .site/: --strict fails on a link to a page or heading that is
 # not there.
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
 # The slowest tests are listed at the end: the suite's time on 2 cores is a budget.
-test: lint docs $(TOOLS)/helm $(TOOLS)/prometheus
+test: lint docs $(TOOLS)/helm $(TOOLS)/prometheus $(TOOLS)/chromium
 	$(BIN)/pytest --durations=25
 
 down: $(DEMO_STAMP)

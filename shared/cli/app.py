@@ -47,6 +47,7 @@ COMMANDS: tuple[ListedCommand, ...] = (
     ListedCommand("watch", "shared.cli.jobs", "A live progress bar: step, loss, ETA.", _JOBS),
     ListedCommand("cancel", "shared.cli.jobs", "Stop a job and its running attempt.", _JOBS),
     ListedCommand("top", "shared.cli.top", "Pools, jobs and cost on one live screen.", _JOBS),
+    ListedCommand("ui", "shared.cli.local", "The web page: jobs, their story, cost, pools.", _JOBS),
     ListedCommand(
         "pools", "shared.cli.jobs", "Each pool: nodes, GPUs, price, pending demand.", _CAPACITY
     ),

@@ -21,7 +21,7 @@ from shared.spot_traces import SpotMarketOption, parse_spot_market
 
 
 def register(app: typer.Typer) -> None:
-    for command in (up, down, status, schema, demo, preempt):
+    for command in (up, down, status, ui, schema, demo, preempt):
         app.command()(command)
     app.command(
         context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
@@ -92,6 +92,8 @@ def up(
         soft_wrap=True,
         highlight=False,
     )
+    if not settings.is_secure:
+        out.print(f"the web page: {settings.ui_url} (spotrain ui)", soft_wrap=True, highlight=False)
     if settings.is_secure:
         cli_env = settings.nats_auth_dir / "cli.env"
         out.print(
@@ -128,6 +130,28 @@ def status(output: OutputOption = Output.TABLE) -> None:
     _print_statuses(statuses, output)
     if any(s.state is not stack.State.HEALTHY for s in statuses):
         raise typer.Exit(1)
+
+
+def ui(
+    url: Annotated[
+        bool, typer.Option("--url", help="Print the page's address, for scripts; open nothing.")
+    ] = False,
+) -> None:
+    """Open the local stack's web page: jobs, a job's story across its attempts, cost per
+    experiment, pools and teams."""
+    settings = LocalStackSettings()
+    if settings.is_secure:
+        raise CliError(
+            "a secure stack serves no page: it would show every person's jobs to whoever "
+            "opens it (deploy the chart's page behind your cluster's sign-in instead)"
+        )
+    import webbrowser  # noqa: PLC0415  # only this command opens a browser
+
+    address = settings.ui_url
+    if not stack.answers(f"{address}/healthz"):
+        raise CliError(f"the page is not up at {address}: start the stack (spotrain up)")
+    if url or not webbrowser.open(address):
+        print(address)
 
 
 def schema(

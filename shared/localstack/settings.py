@@ -73,6 +73,8 @@ class LocalStackSettings(BaseSettings):
     """Also run a Prometheus that scrapes the services and every Ray node
     (`spotrain up --prometheus`)."""
     prometheus_port: Port = Field(9090, gt=0, lt=65536)
+    ui_port: Port = Field(7460, gt=0, lt=65536)
+    """The web page (`spotrain ui`), on the stack's host only."""
     prometheus_binary: Path | None = None
     """Else `.tools/bin/prometheus` in the repository (tools/install-prometheus), else PATH."""
 
@@ -209,6 +211,10 @@ class LocalStackSettings(BaseSettings):
         return f"http://{self.host}:{self.prometheus_port}"
 
     @property
+    def ui_url(self) -> str:
+        return f"http://{self.host}:{self.ui_port}"
+
+    @property
     def ray_temp_dir(self) -> Path:
         """Short on purpose: Ray puts Unix sockets under it, and their paths are limited."""
         digest = hashlib.sha256(str(self.home.resolve()).encode()).hexdigest()[:10]
@@ -235,5 +241,6 @@ def isolated_stack(home: Path) -> LocalStackSettings:
         # The services serve on base+1 to base+4 (the Slack bot, when run, on base+5).
         service_port_base=free_port_block(32),
         prometheus_port=free_port(),
+        ui_port=free_port(),
         nats_cluster_port_base=free_port_block(15),
     )

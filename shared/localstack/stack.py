@@ -200,6 +200,26 @@ def components(settings: LocalStackSettings) -> list[Component]:
                 )
             )
     parts = [*nats, ray_head, *services]
+    if not s.is_secure:
+        # On a secure stack each person reads only their own and their team's jobs, through
+        # the desk; this page reads the platform's records with the stack's own rights, so
+        # it runs only on a stack of one person's own.
+        parts.append(
+            Component(
+                name="ui",
+                argv=[sys.executable, "-m", "shared.ui"],
+                env={
+                    **base_env,
+                    "SPOTRAIN_UI_HOST": s.host,
+                    "SPOTRAIN_UI_PORT": str(s.ui_port),
+                    "SPOTRAIN_UI_LOG_JSON": "true",
+                },
+                ports=(Port(s.ui_port, "SPOTRAIN_LOCAL_UI_PORT"),),
+                health_url=f"{s.ui_url}/healthz",
+                endpoint=s.ui_url,
+                stop_grace_s=5,
+            )
+        )
     if _runs_prometheus(s):
         parts.append(
             Component(
@@ -692,6 +712,11 @@ def _wait_healthy(
             )
             raise StackError(msg)
         time.sleep(0.1)
+
+
+def answers(url: str) -> bool:
+    """Whether one of the stack's own endpoints answers 200 now."""
+    return _healthy(url)
 
 
 def _healthy(url: str, headers: Mapping[str, str] | None = None) -> bool:

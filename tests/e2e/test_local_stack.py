@@ -43,9 +43,9 @@ def test_up_status_a_job_and_down_leaves_nothing_running(home: Path) -> None:
     status = spotrain(env, "status")
     assert status.returncode == 0, status.stdout
     parts = ("nats", "ray-head", "submitter", "scaler", "preemption_watcher", "checkpointer")
-    for part in (*parts, "prometheus"):
+    for part in (*parts, "ui", "prometheus"):
         assert part in status.stdout
-    assert status.stdout.count("healthy") == 7
+    assert status.stdout.count("healthy") == 8
 
     first = sessions(home)
     again = spotrain(env, "up")

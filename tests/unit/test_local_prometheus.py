@@ -91,7 +91,7 @@ def test_the_written_configuration_reads_back_as_yaml(settings: LocalStackSettin
 def test_prometheus_starts_after_the_services_when_asked(settings: LocalStackSettings) -> None:
     """Last to start, so first to stop; it listens and is probed where the settings say."""
     parts = components(settings)
-    assert [p.name for p in parts][-5:] == [*SERVICES, "prometheus"]
+    assert [p.name for p in parts][-6:] == [*SERVICES, "ui", "prometheus"]
     part = parts[-1]
     assert part.argv == [
         str(settings.prometheus_binary),

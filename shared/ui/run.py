@@ -1,0 +1,172 @@
+"""The page's process: connect, read what the stream holds, follow it, serve.
+
+Wiring only: the board, the views and the routes are the other modules'.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import aiohttp
+import nats.js.errors
+from aiohttp import web
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from shared.client import SpotrainClient, current_user
+from shared.clock import SystemClock
+from shared.events import decode
+from shared.logs import configure_logging, deferred_logger
+from shared.messaging.jetstream import JetStreamBus
+from shared.messaging.ports import EventBus
+from shared.messaging.settings import BusSettings
+from shared.ui.board import Board
+from shared.ui.server import Page, app
+
+log = deferred_logger()
+
+VIEWS_EVERY_S = 3.0
+"""How often the scaler's and the submitter's views (pools, queue, teams, node sightings)
+are read again: they write them every few seconds."""
+
+FOLLOW_OVERLAP_S = 30.0
+"""The follower starts this far before the backlog is read: what the stream stores in
+between is read twice, and the board takes each event once."""
+
+
+class UiSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="SPOTRAIN_UI_", extra="ignore", frozen=True)
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=7460, ge=0, le=65535)
+    viewer: str | None = None
+    """Whom the page shows the platform to: the login name of whoever runs it by default
+    (the local stack's owner)."""
+    ray_address: str = Field(
+        default="http://127.0.0.1:8265", validation_alias="SPOTRAIN_RAY_ADDRESS"
+    )
+    log_json: bool = False
+
+
+class RayLogs:
+    """An attempt's output from Ray's job API (the stack's own Ray, with its token when it
+    has one); None when Ray does not answer."""
+
+    def __init__(self, address: str, session: aiohttp.ClientSession) -> None:
+        self._address = address.rstrip("/")
+        self._session = session
+        self._headers = _ray_token_headers()
+
+    async def __call__(self, submission_id: str) -> str | None:
+        url = f"{self._address}/api/jobs/{submission_id}/logs"
+        try:
+            async with self._session.get(
+                url, headers=self._headers, timeout=aiohttp.ClientTimeout(total=5)
+            ) as response:
+                if response.status != 200:
+                    return None
+                return str((await response.json()).get("logs", ""))
+        except (aiohttp.ClientError, TimeoutError, ValueError):
+            return None
+
+
+def _ray_token_headers() -> dict[str, str]:
+    token = os.environ.get("RAY_AUTH_TOKEN", "").strip()
+    path = os.environ.get("RAY_AUTH_TOKEN_PATH", "").strip()
+    if not token and path:
+        with contextlib.suppress(OSError):
+            token = Path(path).read_text(encoding="utf-8").strip()
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+async def feed(page: Page, bus: EventBus, stop: asyncio.Event) -> None:
+    """The board from the stream: what it holds now, then what comes, job and node events.
+    A page started before the submitter has declared the stream waits for it."""
+    while True:
+        try:
+            await _feed(page, bus, stop)
+            return
+        except nats.js.errors.NotFoundError:
+            log.info("ui.waiting_for_stream")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 0.5)
+            if stop.is_set():
+                return
+
+
+async def _feed(page: Page, bus: EventBus, stop: asyncio.Event) -> None:
+    subjects = [f"{bus.prefix}.{aggregate}.>" for aggregate in ("job", "node", "pool")]
+    since = datetime.now(UTC) - timedelta(seconds=FOLLOW_OVERLAP_S)
+    follower = bus.follow(subjects, stop, since=since)
+    for subject in subjects:
+        for message in await bus.read(subject):
+            with contextlib.suppress(ValueError):
+                page.board.add(decode(message.data))
+    await page.load()
+    page.ready.set()
+    async with contextlib.aclosing(follower) as records:
+        async for record in records:
+            try:
+                event = decode(record.data)
+            except ValueError:
+                continue  # its consumers dead-lettered it, and said so
+            await page.take(event)
+
+
+async def refresh(page: Page, stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), VIEWS_EVERY_S)
+        try:
+            await page.refresh_views()
+        except Exception as error:  # noqa: BLE001  # a view read that failed is read next time
+            log.warning("ui.views_unread", error=str(error))
+
+
+async def serve(settings: UiSettings, bus_settings: BusSettings) -> None:
+    bus = await JetStreamBus.connect(bus_settings, name="spotrain-ui")
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    async with aiohttp.ClientSession() as session:
+        page = Page(
+            Board(),
+            SpotrainClient(bus, SystemClock()),
+            SystemClock(),
+            viewer=settings.viewer or current_user(),
+            logs=RayLogs(settings.ray_address, session),
+        )
+        runner = web.AppRunner(app(page), access_log=None, handle_signals=False)
+        await runner.setup()
+        try:
+            async with asyncio.TaskGroup() as group:
+                fed = group.create_task(feed(page, bus, stop))
+                ready = asyncio.create_task(page.ready.wait())
+                await asyncio.wait({fed, ready}, return_when=asyncio.FIRST_COMPLETED)
+                ready.cancel()
+                if fed.done():
+                    fed.result()  # the stream could not be read: say why, serve nothing
+                site = web.TCPSite(runner, settings.host, settings.port)
+                await site.start()
+                log.info(
+                    "ui.serving",
+                    url=f"http://{settings.host}:{settings.port}",
+                    jobs=len(page.board.records),
+                )
+                group.create_task(refresh(page, stop))
+                await stop.wait()
+        finally:
+            await runner.cleanup()
+            await bus.close()
+
+
+def main() -> None:
+    settings = UiSettings()
+    configure_logging(json=settings.log_json)
+    asyncio.run(serve(settings, BusSettings()))
