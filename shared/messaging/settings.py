@@ -30,6 +30,7 @@ class Role(StrEnum):
     METADATA_AGENT = "metadata_agent"
     CLI = "cli"
     SLACK = "slack"
+    UI = "ui"
     OPS = "ops"
 
 

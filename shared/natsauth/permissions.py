@@ -539,6 +539,19 @@ TABLE: tuple[RoleSpec, ...] = (
         ),
     ),
     RoleSpec(
+        Role.UI,
+        "the web page behind a sign-in: reads jobs, their history and costs, the pools and"
+        " teams, and shows each person what they may read; cancels for the person signed in",
+        (
+            Publishes((JobCancelRequested,)),
+            ReadsBucket(Bucket.JOBS),
+            ReadsBucket(Bucket.REFUSALS, listing=False),
+            ReadsBucket(Bucket.POOLS, listing=False),
+            ReadsBucket(Bucket.TEAMS, listing=False),
+            ReadsHistory(("job", "node", "pool")),
+        ),
+    ),
+    RoleSpec(
         Role.OPS,
         "operators: replay, import, export, tail; administer the stream",
         (Operates(),),

@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import os
 import signal
+from collections.abc import AsyncGenerator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from shared.clock import SystemClock
 from shared.events import decode
 from shared.logs import configure_logging, deferred_logger
 from shared.messaging.jetstream import JetStreamBus
-from shared.messaging.ports import EventBus
+from shared.messaging.ports import EventBus, StreamRecord
 from shared.messaging.settings import BusSettings
 from shared.ui.board import Board
 from shared.ui.server import Page, app
@@ -46,7 +47,12 @@ class UiSettings(BaseSettings):
     port: int = Field(default=7460, ge=0, le=65535)
     viewer: str | None = None
     """Whom the page shows the platform to: the login name of whoever runs it by default
-    (the local stack's owner)."""
+    (the local stack's owner), who reads everything."""
+    viewer_header: str | None = None
+    """Behind a sign-in proxy: the header it sets to the person signed in (oauth2-proxy's
+    `X-Auth-Request-User`, say). Each page is then that person's: their own jobs and their
+    team's. Only the proxy may reach the page (the chart's NetworkPolicy), or anyone could
+    send the header."""
     ray_address: str = Field(
         default="http://127.0.0.1:8265", validation_alias="SPOTRAIN_RAY_ADDRESS"
     )
@@ -100,15 +106,23 @@ async def feed(page: Page, bus: EventBus, stop: asyncio.Event) -> None:
 
 
 async def _feed(page: Page, bus: EventBus, stop: asyncio.Event) -> None:
+    # One follower per aggregate, each filtered to one subject: what a reader's NATS
+    # permissions allow, and the server starts a single-subject consumer by time exactly.
     subjects = [f"{bus.prefix}.{aggregate}.>" for aggregate in ("job", "node", "pool")]
+    # Followed from before the backlog is read: nothing falls between the two.
     since = datetime.now(UTC) - timedelta(seconds=FOLLOW_OVERLAP_S)
-    follower = bus.follow(subjects, stop, since=since)
     for subject in subjects:
         for message in await bus.read(subject):
             with contextlib.suppress(ValueError):
                 page.board.add(decode(message.data))
     await page.load()
     page.ready.set()
+    async with asyncio.TaskGroup() as group:
+        for subject in subjects:
+            group.create_task(_follow(page, bus.follow([subject], stop, since=since)))
+
+
+async def _follow(page: Page, follower: AsyncGenerator[StreamRecord, None]) -> None:
     async with contextlib.aclosing(follower) as records:
         async for record in records:
             try:
@@ -141,6 +155,7 @@ async def serve(settings: UiSettings, bus_settings: BusSettings) -> None:
             SystemClock(),
             viewer=settings.viewer or current_user(),
             logs=RayLogs(settings.ray_address, session),
+            viewer_header=settings.viewer_header,
         )
         runner = web.AppRunner(app(page), access_log=None, handle_signals=False)
         await runner.setup()

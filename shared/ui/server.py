@@ -2,8 +2,11 @@
 page fetches again when the server says something changed (htmx over server-sent events),
 and chart options as JSON (ECharts draws them). The board is fed from the stream here.
 
-Every page is rendered for one viewer, and offers only what they may do: cancel appears on
-their own jobs only, as `spotrain cancel` allows.
+Every page is rendered for one viewer. On the local stack that is its owner, who reads
+everything (as `spotrain ls --all` does). Behind a cluster's sign-in it is the person the
+sign-in names in a header it sets (`viewer_header`): they see their own jobs and their
+team's, the rest of the bill as `others`, as the records desk answers them
+(`shared.access`), and cancel is offered where the submitter would take it.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -20,14 +24,16 @@ from typing import Any, Protocol
 import jinja2
 from aiohttp import web
 
+from shared.access import may_read, who_may_not_cancel
 from shared.clock import Clock
 from shared.cost import GroupBy, Ledger
 from shared.cost.report import format_usd
+from shared.desk import teams_status_for
 from shared.events import Event, EventData
 from shared.jobs import JobRecord, JobState
 from shared.logs import deferred_logger
 from shared.pools import NodeSightings, PoolsStatus, billed_up_to
-from shared.teams import TeamsStatus, team_uses
+from shared.teams import Teams, TeamsStatus, team_uses
 from shared.ui import views
 from shared.ui.board import Board, spend_points
 
@@ -59,6 +65,18 @@ class AttemptLogs(Protocol):
         ...
 
 
+PERSON = re.compile(r"^[A-Za-z0-9._@-]{1,64}$")
+
+
+@dataclass(frozen=True)
+class Viewing:
+    """Who a page is for, and whether they read everything (the local stack's owner) or
+    what `shared.access` lets them."""
+
+    name: str
+    everything: bool
+
+
 @dataclass
 class Changes:
     """Who hears what changed: each open event stream has a queue of job ids."""
@@ -80,11 +98,16 @@ class Page:
         clock: Clock,
         viewer: str,
         logs: AttemptLogs,
+        *,
+        viewer_header: str | None = None,
     ) -> None:
+        """`viewer_header`: the header a sign-in proxy in front of the page sets to the
+        person signed in; None on the local stack, where every page is `viewer`'s."""
         self.board = board
         self.platform = platform
         self.clock = clock
         self.viewer = viewer
+        self.viewer_header = viewer_header
         self.logs = logs
         self.changes = Changes(queues=set())
         self.pools: PoolsStatus | None = None
@@ -128,23 +151,66 @@ class Page:
             self.board.put_record(record)
         self.changes.tell(job_id)
 
-    def ledger(self) -> Ledger:
-        return self.board.ledger(self.clock.now(), billed_up_to(self.sightings))
+    def ledger(self, viewing: Viewing) -> Ledger:
+        whole = self.board.ledger(self.clock.now(), billed_up_to(self.sightings))
+        if viewing.everything:
+            return whole
+        return views.seen_by(whole, {r.job_id for r in self.visible(viewing)})
 
-    def render(self, template: str, http_status: int = 200, **values: Any) -> web.Response:
-        body = self.templates.get_template(template).render(viewer=self.viewer, **values)
+    def viewing(self, request: web.Request) -> Viewing:
+        """Whom this request's page is for: the sign-in's person, or the stack's owner."""
+        if self.viewer_header is None:
+            return Viewing(self.viewer, everything=True)
+        person = request.headers.get(self.viewer_header, "")
+        if not person:
+            header = self.viewer_header
+            msg = f"nobody signed in: the page takes who you are from the sign-in's {header}"
+            raise web.HTTPUnauthorized(reason=msg)
+        if not PERSON.match(person):
+            raise web.HTTPBadRequest(
+                reason=f"{self.viewer_header} names no person this platform knows"
+            )
+        return Viewing(person, everything=False)
+
+    def render(
+        self, template: str, viewing: Viewing | None, http_status: int = 200, **values: Any
+    ) -> web.Response:
+        body = self.templates.get_template(template).render(
+            viewer=viewing.name if viewing is not None else "", **values
+        )
         return web.Response(text=body, status=http_status, content_type="text/html")
 
     def problem(self, message: str, status: int) -> web.Response:
-        return self.render("problem.html", http_status=status, message=message)
+        return self.render("problem.html", None, http_status=status, message=message)
 
-    def readable(self, job_id: str) -> JobRecord | None:
-        return self.board.records.get(job_id)
+    def _teams(self) -> Teams | None:
+        return self.teams.teams if self.teams is not None else None
 
-    def may_cancel(self, record: JobRecord) -> bool:
+    def may_read(self, record: JobRecord, viewing: Viewing) -> bool:
+        return viewing.everything or may_read(record, viewing.name, self._teams())
+
+    def visible(self, viewing: Viewing) -> list[JobRecord]:
+        records = self.board.records.values()
+        return [
+            r for r in records if viewing.everything or may_read(r, viewing.name, self._teams())
+        ]
+
+    def readable(self, job_id: str, viewing: Viewing) -> JobRecord | None:
+        record = self.board.records.get(job_id)
+        return record if record is not None and self.may_read(record, viewing) else None
+
+    def may_cancel(self, record: JobRecord, viewing: Viewing) -> bool:
+        """Offered where the submitter would take it: its owner's, or its team admins'."""
         return (
-            record.is_active and not record.cancel_requested and record.request.owner == self.viewer
+            record.is_active
+            and not record.cancel_requested
+            and who_may_not_cancel(record, viewing.name, self._teams()) is None
         )
+
+    def teams_for(self, viewing: Viewing) -> TeamsStatus | None:
+        if self.teams is None or viewing.everything:
+            return self.teams
+        return teams_status_for(self.teams, viewing.name)
 
 
 def _clock(moment: datetime | None) -> str:
@@ -230,24 +296,34 @@ def _filter(request: web.Request) -> views.JobFilter:
 
 
 async def jobs(request: web.Request) -> web.StreamResponse:
-    page = _page(request)
+    page, viewing = _page(request), _viewing(request)
     wanted = _filter(request)
-    return page.render("jobs.html", listing=_listing(page, wanted), wanted=wanted, **_choices(page))
+    return page.render(
+        "jobs.html",
+        viewing,
+        listing=_listing(page, viewing, wanted),
+        wanted=wanted,
+        **_choices(page.visible(viewing)),
+    )
 
 
 async def job_rows(request: web.Request) -> web.StreamResponse:
-    page = _page(request)
+    page, viewing = _page(request), _viewing(request)
     wanted = _filter(request)
-    return page.render("_job_rows.html", listing=_listing(page, wanted), wanted=wanted)
+    listing = _listing(page, viewing, wanted)
+    return page.render("_job_rows.html", viewing, listing=listing, wanted=wanted)
 
 
-def _listing(page: Page, wanted: views.JobFilter) -> views.JobsPage:
-    costs = page.board.job_costs(page.ledger())
-    return views.jobs_page(page.board.records.values(), costs, page.pools, wanted)
+def _viewing(request: web.Request) -> Viewing:
+    return _page(request).viewing(request)
 
 
-def _choices(page: Page) -> dict[str, Any]:
-    records = page.board.records.values()
+def _listing(page: Page, viewing: Viewing, wanted: views.JobFilter) -> views.JobsPage:
+    costs = page.board.job_costs(page.ledger(viewing))
+    return views.jobs_page(page.visible(viewing), costs, page.pools, wanted)
+
+
+def _choices(records: list[JobRecord]) -> dict[str, Any]:
     return {
         "owners": sorted({r.request.owner for r in records}),
         "teams": sorted({r.team for r in records if r.team}),
@@ -256,17 +332,18 @@ def _choices(page: Page) -> dict[str, Any]:
     }
 
 
-def _record(request: web.Request) -> JobRecord:
+def _record(request: web.Request, viewing: Viewing) -> JobRecord:
     job_id = request.match_info["job_id"]
-    record = _page(request).readable(job_id)
+    record = _page(request).readable(job_id, viewing)
     if record is None:
+        # The same answer whether it does not exist or is another team's: nothing told.
         raise web.HTTPNotFound(reason=f"no job {job_id[:100]} that you may see")
     return record
 
 
 async def job(request: web.Request) -> web.StreamResponse:
-    page = _page(request)
-    record = _record(request)
+    page, viewing = _page(request), _viewing(request)
+    record = _record(request, viewing)
     history = page.board.history(record.job_id)
     metrics = views.metric_names(history)
     metric = request.query.get("metric") or (metrics[0] if metrics else "")
@@ -275,31 +352,39 @@ async def job(request: web.Request) -> web.StreamResponse:
             reason=f"no metric {metric[:64]!r}: it reported {', '.join(metrics)}"
         )
     return page.render(
-        "job.html", record=record, metrics=metrics, metric=metric, **_summary(page, record)
+        "job.html",
+        viewing,
+        record=record,
+        metrics=metrics,
+        metric=metric,
+        **_summary(page, viewing, record),
     )
 
 
 async def job_summary(request: web.Request) -> web.StreamResponse:
-    page = _page(request)
-    record = _record(request)
-    return page.render("_job_summary.html", record=record, **_summary(page, record))
+    page, viewing = _page(request), _viewing(request)
+    record = _record(request, viewing)
+    return page.render(
+        "_job_summary.html", viewing, record=record, **_summary(page, viewing, record)
+    )
 
 
-def _summary(page: Page, record: JobRecord) -> dict[str, Any]:
-    ledger = page.ledger()
+def _summary(page: Page, viewing: Viewing, record: JobRecord) -> dict[str, Any]:
+    ledger = page.ledger(viewing)
     charges = [c for c in ledger.attribution.charges if c.job_id == record.job_id]
+    spent = page.board.job_costs(ledger).get(record.job_id)
     return {
-        "row": views.job_row(record, page.board.job_costs(ledger).get(record.job_id), page.pools),
+        "row": views.job_row(record, spent, page.pools),
         "attempts": views.attempt_views(record, charges),
-        "cost": views.job_cost(page.board.job_costs(ledger).get(record.job_id)),
+        "cost": views.job_cost(spent),
         "story": views.story(page.board.history(record.job_id)),
-        "may_cancel": page.may_cancel(record),
+        "may_cancel": page.may_cancel(record, viewing),
     }
 
 
 async def job_metric(request: web.Request) -> web.StreamResponse:
     page = _page(request)
-    record = _record(request)
+    record = _record(request, _viewing(request))
     history = page.board.history(record.job_id)
     metric = request.query.get("metric") or next(iter(views.metric_names(history)), "")
     return web.json_response(views.metric_chart(record, history, metric))
@@ -307,14 +392,14 @@ async def job_metric(request: web.Request) -> web.StreamResponse:
 
 async def job_timeline(request: web.Request) -> web.StreamResponse:
     page = _page(request)
-    record = _record(request)
+    record = _record(request, _viewing(request))
     history = page.board.history(record.job_id)
     return web.json_response(views.timeline_chart(record, history, page.clock.now()))
 
 
 async def job_logs(request: web.Request) -> web.StreamResponse:
-    page = _page(request)
-    record = _record(request)
+    page, viewing = _page(request), _viewing(request)
+    record = _record(request, viewing)
     attempt = record.current
     text = None
     if attempt is not None:
@@ -323,63 +408,56 @@ async def job_logs(request: web.Request) -> web.StreamResponse:
     if text is None:
         text = "Ray keeps no output for this attempt (not started, or its head is gone)."
     tail = "\n".join(text.splitlines()[-200:])
-    return page.render("_logs.html", tail=tail, attempt=attempt)
+    return page.render("_logs.html", viewing, tail=tail, attempt=attempt)
 
 
 async def cancel(request: web.Request) -> web.StreamResponse:
-    page = _page(request)
+    page, viewing = _page(request), _viewing(request)
     # Only the page's own script asks (htmx sends this header; a form from another site
     # cannot), so no other site can make a viewer's browser cancel their job.
     if request.headers.get("HX-Request") != "true":
         raise web.HTTPForbidden(reason="cancel from the job's page")
-    record = _record(request)
-    if not page.may_cancel(record):
+    record = _record(request, viewing)
+    if not page.may_cancel(record, viewing):
         raise web.HTTPForbidden(reason=f"{record.job_id} is not yours to cancel")
-    await page.platform.cancel(record.job_id, page.viewer)
-    return page.render("_cancel_asked.html", record=record)
+    await page.platform.cancel(record.job_id, viewing.name)
+    return page.render("_cancel_asked.html", viewing, record=record)
 
 
 async def experiments(request: web.Request) -> web.StreamResponse:
-    page = _page(request)
-    ledger = page.ledger()
+    page, viewing = _page(request), _viewing(request)
+    ledger = page.ledger(viewing)
     experiment = request.query.get("experiment")
-    rows = page.board.rows(ledger, GroupBy.EXPERIMENT)
     sweep = None
     if experiment:
-        sweep = [r for r in page.board.records.values() if r.request.experiment == experiment]
+        sweep = [r for r in page.visible(viewing) if r.request.experiment == experiment]
         if not sweep:
             raise web.HTTPNotFound(reason=f"no experiment {experiment[:100]} that you may see")
     return page.render(
         "experiments.html",
-        rows=rows,
-        owners=page.board.rows(ledger, GroupBy.OWNER),
+        viewing,
+        rows=page.board.rows(ledger, GroupBy.EXPERIMENT),
         experiment=experiment,
         sweep=sorted(sweep or [], key=lambda r: r.job_id),
         costs=page.board.job_costs(ledger),
     )
 
 
-CHARTS = ("experiments", "owners", "teams", "spend-experiments", "spend-owners", "sweep")
-
-
 async def experiments_chart(request: web.Request) -> web.StreamResponse:
-    page = _page(request)
+    page, viewing = _page(request), _viewing(request)
     chart = request.match_info["chart"]
-    ledger = page.ledger()
-    records = list(page.board.records.values())
+    ledger = page.ledger(viewing)
+    records = page.visible(viewing)
     if chart == "experiments":
-        return web.json_response(
-            views.cost_bars(page.board.rows(ledger, GroupBy.EXPERIMENT), "per experiment")
-        )
+        rows = page.board.rows(ledger, GroupBy.EXPERIMENT)
+        return web.json_response(views.cost_bars(rows, "per experiment"))
     if chart == "owners":
-        return web.json_response(
-            views.cost_bars(page.board.rows(ledger, GroupBy.OWNER), "per owner")
-        )
+        rows = page.board.rows(ledger, GroupBy.OWNER)
+        return web.json_response(views.cost_bars(rows, "per owner"))
     if chart == "teams":
         return web.json_response(views.cost_bars(views.team_rows(ledger, records), "per team"))
-    if chart in {"spend-experiments", "spend-owners"}:
-        key = views.experiment_of if chart == "spend-experiments" else views.owner_of
-        keys = {r.job_id: key(r) for r in records}
+    if chart == "spend-experiments":
+        keys = {r.job_id: views.experiment_of(r) for r in records}
         points = await asyncio.to_thread(spend_points, ledger, keys)
         return web.json_response(views.spend_over_time(points, "spend over time"))
     if chart == "sweep":
@@ -391,18 +469,20 @@ async def experiments_chart(request: web.Request) -> web.StreamResponse:
 
 
 async def pools(request: web.Request) -> web.StreamResponse:
-    page = _page(request)
+    page, viewing = _page(request), _viewing(request)
     await page.refresh_views()
+    teams = page.teams_for(viewing)
     return page.render(
         "pools.html",
+        viewing,
         status=page.pools,
-        uses=team_uses(page.teams) if page.teams is not None else [],
+        uses=team_uses(teams) if teams is not None else [],
     )
 
 
 async def pools_chart(request: web.Request) -> web.StreamResponse:
-    page = _page(request)
-    ledger = page.ledger()
+    page, viewing = _page(request), _viewing(request)
+    ledger = page.ledger(viewing)
     board = page.board
     return web.json_response(
         views.nodes_over_time(
@@ -413,8 +493,9 @@ async def pools_chart(request: web.Request) -> web.StreamResponse:
 
 async def events(request: web.Request) -> web.StreamResponse:
     """Server-sent events: `job` when the job this page shows changed (`?job=`), `jobs`
-    when any did (coalesced), and a comment now and then to find a client gone."""
-    page = _page(request)
+    when any the viewer may see did (coalesced), and a comment now and then to find a
+    client gone. Nothing is said of a job the viewer may not read."""
+    page, viewing = _page(request), _viewing(request)
     only = request.query.get("job")
     response = web.StreamResponse(
         headers={"Content-Type": "text/event-stream", "Cache-Control": "no-store"}
@@ -422,8 +503,13 @@ async def events(request: web.Request) -> web.StreamResponse:
     await response.prepare(request)
     queue: asyncio.Queue[str] = asyncio.Queue()
     page.changes.queues.add(queue)
+
+    def shown(job_id: str) -> bool:
+        record = page.board.records.get(job_id)
+        return record is not None and page.may_read(record, viewing)
+
     try:
-        async for name in _changes(queue, only):
+        async for name in _changes(queue, only, shown):
             await response.write(name.encode())
     except (ConnectionResetError, ConnectionError):
         pass  # the viewer closed the page: nothing to answer
@@ -432,16 +518,19 @@ async def events(request: web.Request) -> web.StreamResponse:
     return response
 
 
-async def _changes(queue: asyncio.Queue[str], only: str | None) -> AsyncIterator[str]:
+async def _changes(
+    queue: asyncio.Queue[str], only: str | None, shown: Callable[[str], bool]
+) -> AsyncIterator[str]:
     while True:
         try:
             job_id = await asyncio.wait_for(queue.get(), HEARTBEAT_S)
         except TimeoutError:
             yield ": still here\n\n"
             continue
+        if not shown(job_id) or (only is not None and job_id != only):
+            continue
         if only is not None:
-            if job_id == only:
-                yield f"event: job\ndata: {json.dumps(job_id)}\n\n"
+            yield f"event: job\ndata: {json.dumps(job_id)}\n\n"
             continue
         await asyncio.sleep(LIST_COALESCE_S)
         while not queue.empty():

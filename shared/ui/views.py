@@ -10,8 +10,8 @@ script only hands them to the library.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from datetime import datetime
 from fractions import Fraction
 from typing import Annotated, Any
@@ -20,6 +20,8 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, Validation
 
 from shared.cost import CostRow, Ledger, format_usd
 from shared.cost.attribution import Charge, NodeLife
+from shared.cost.ledger import JobInfo
+from shared.desk import HIDDEN_OWNER
 from shared.events import Event, EventData
 from shared.events.data import (
     JobCheckpointed,
@@ -172,6 +174,26 @@ def jobs_page(
         matching=len(matching),
         page=page,
         pages=pages,
+    )
+
+
+def seen_by(ledger: Ledger, visible: Collection[str]) -> Ledger:
+    """The ledger as one person sees it: the jobs they may not read are one alias
+    (`others`, no owner or experiment of theirs), as the records desk bills them, so the
+    totals still add up and nothing of another team is named."""
+    charges = tuple(
+        charge
+        if charge.job_id is None or charge.job_id in visible
+        else replace(charge, job_id=HIDDEN_OWNER, attempt=None)
+        for charge in ledger.attribution.charges
+    )
+    jobs = {job_id: info for job_id, info in ledger.inputs.jobs.items() if job_id in visible}
+    jobs[HIDDEN_OWNER] = JobInfo(HIDDEN_OWNER, owner=HIDDEN_OWNER, experiment=HIDDEN_OWNER)
+    holds = tuple(hold for hold in ledger.inputs.holds if hold.job_id in visible)
+    return replace(
+        ledger,
+        inputs=replace(ledger.inputs, jobs=jobs, holds=holds),
+        attribution=replace(ledger.attribution, charges=charges),
     )
 
 

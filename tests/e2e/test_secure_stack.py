@@ -2,15 +2,67 @@
 
 from __future__ import annotations
 
+import contextlib
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from shared.localstack.ports import free_port
 from shared.localstack.settings import LocalStackSettings
 from tests.e2e.stack import spotrain, stack_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+
+
+SIGNED_IN = "X-Auth-Request-User"
+
+
+@contextlib.contextmanager
+def page_behind_sign_in(env: dict[str, str]) -> Iterator[str]:
+    """The page's process with its role's credential (`ui`), taking the person from the
+    header a sign-in proxy sets; its address."""
+    port = free_port()
+    page = subprocess.Popen(
+        [sys.executable, "-m", "shared.ui"],
+        env={**env, "SPOTRAIN_UI_PORT": str(port), "SPOTRAIN_UI_VIEWER_HEADER": SIGNED_IN},
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(f"{url}/healthz", timeout=1).close()  # noqa: S310  # ours
+                break
+            except OSError:
+                assert page.poll() is None, "the page's process ended"
+                assert time.monotonic() < deadline, "the page never served"
+                time.sleep(0.2)
+        yield url
+    finally:
+        page.terminate()
+        page.wait(10)
+
+
+def read_page(url: str, person: str | None) -> str:
+    headers = {SIGNED_IN: person} if person is not None else {}
+    request = urllib.request.Request(url, headers=headers)  # noqa: S310  # ours
+    with urllib.request.urlopen(request, timeout=10) as response:  # noqa: S310  # ours
+        return str(response.read().decode())
+
+
+def status_of(url: str, person: str | None) -> int:
+    try:
+        read_page(url, person)
+    except urllib.error.HTTPError as error:
+        error.close()
+        return error.code
+    return 200
 
 
 def load_env_file(path: Path) -> dict[str, str]:
@@ -95,6 +147,20 @@ def test_a_job_runs_on_a_secure_stack_and_an_anonymous_client_is_refused(
     refused = spotrain(bob, "cancel", "alice-1")
     assert refused.returncode == 1
     assert refused.stderr.strip() == "spotrain: error: no job alice-1"
+    # The web page as the chart runs it behind a sign-in: each person's page shows their
+    # own jobs (and their team's), never another's, whatever address they try.
+    ui = {**secure_stack, **load_env_file(home / "nats-auth" / "ui.env")}
+    with page_behind_sign_in(ui) as url:
+        alices = read_page(f"{url}/jobs", "alice")
+        assert 'data-job="alice-1"' in alices
+        assert "secure-1" not in alices
+        bobs = read_page(f"{url}/jobs", "bob")
+        assert "alice-1" not in bobs
+        assert 'data-matching="0"' in bobs
+        assert status_of(f"{url}/jobs/alice-1", "bob") == 404
+        assert status_of(f"{url}/jobs/alice-1", "alice") == 200
+        assert status_of(f"{url}/jobs", None) == 401
+
     taken = spotrain(
         secure_stack, "users", "add", "cli", "--team", "x", "--out", str(tmp_path / "x")
     )

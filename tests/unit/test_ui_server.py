@@ -5,29 +5,49 @@ hears of its job's changes."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from shared.events import new_event
-from shared.events.data import JobProgress
+from shared.events import Event, EventData, new_event
+from shared.events.data import (
+    JobProgress,
+    JobRequested,
+    JobStarted,
+    JobSucceeded,
+    NodeLaunched,
+)
+from shared.events.types import CapacityClass
 from shared.jobs import AttemptState, JobRecord, JobState
 from shared.pools import NodeSightings, PoolsStatus
-from shared.teams import TeamsStatus
+from shared.teams import TeamHolds, Teams, TeamsStatus, parse_teams
 from shared.ui.board import Board
-from shared.ui.server import Page, app
+from shared.ui.server import Page, Viewing, app
 from tests.fakes.clock import FixedClock
 from tests.unit.test_ui_views import attempt, record
 
 NOW = datetime(2026, 12, 5, 12, 0, tzinfo=UTC)
 
 
+TEAMS = parse_teams(
+    """
+[teams.vision]
+members = ["alice", "bob", "jane.doe"]
+admins = ["jane.doe"]
+[teams.nlp]
+members = ["carol"]
+"""
+)
+
+
 class Platform:
-    def __init__(self, records: list[JobRecord]) -> None:
+    def __init__(self, records: list[JobRecord], teams: Teams | None = None) -> None:
         self.records = {r.job_id: r for r in records}
         self.cancelled: list[tuple[str, str]] = []
+        self.teams_file = teams
 
     async def jobs(self) -> list[JobRecord]:
         return list(self.records.values())
@@ -39,10 +59,14 @@ class Platform:
         return None
 
     async def teams(self) -> TeamsStatus | None:
-        return None
+        if self.teams_file is None:
+            return None
+        return TeamsStatus(teams=self.teams_file, holds=TeamHolds(), at=NOW)
 
     async def sightings(self) -> NodeSightings | None:
-        return None
+        # Every node seen alive now: the ledger bills them up to now.
+        nodes = {f"node-{job_id}": NOW for job_id in self.records}
+        return NodeSightings(updated_at=NOW, pass_interval_s=5, seen=nodes)
 
     async def cancel(self, job_id: str, requested_by: str) -> None:
         self.cancelled.append((job_id, requested_by))
@@ -99,7 +123,7 @@ async def test_a_failure_inside_is_one_line_not_a_trace(
     page: Page,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    def broken() -> None:
+    def broken(viewing: object) -> None:
         raise RuntimeError("secret detail /etc/passwd")
 
     monkeypatch.setattr(page, "ledger", broken)
@@ -183,3 +207,139 @@ async def test_the_list_says_how_many_jobs_match(client: TestClient) -> None:  #
     assert 'data-matching="1"' in body
     assert 'data-job="bobs"' in body
     assert 'data-job="mine"' not in body
+
+
+# --- behind a sign-in: each page is the signed-in person's ---------------------------------
+
+SIGNED_IN = "X-Auth-Request-User"
+
+
+def billed(job_id: str, owner: str, team: str, experiment: str) -> list[Event[EventData]]:
+    """A job's request, and an attempt started on a node that ran a minute."""
+    request = JobRequested(
+        job_id=job_id, owner=owner, experiment=experiment, entrypoint=("python", "t.py")
+    )
+    launched = NodeLaunched(
+        node=f"node-{job_id}",
+        pool="gpu-spot",
+        capacity=CapacityClass.SPOT,
+        gpus=1,
+        cpus=4,
+        price_per_hour_usd=3.6,
+        launched_at=NOW - timedelta(seconds=120),
+    )
+    started = JobStarted(
+        job_id=job_id, attempt=1, submission_id=f"{job_id}-1", nodes=(f"node-{job_id}",)
+    )
+    ended = JobSucceeded(job_id=job_id, attempt=1)
+    return [
+        new_event(launched, source="t", time=NOW - timedelta(seconds=120)),
+        new_event(request, source="t", time=NOW - timedelta(seconds=110), subject=job_id),
+        new_event(started, source="t", time=NOW - timedelta(seconds=100), subject=job_id),
+        new_event(ended, source="t", time=NOW - timedelta(seconds=40), subject=job_id),
+    ]
+
+
+@pytest.fixture
+async def signed_in() -> AsyncIterator[tuple[Page, TestClient]]:  # type: ignore[type-arg]
+    jobs = [
+        ("alices", "alice", "vision", "detector"),
+        ("bobs", "bob", "vision", "detector"),
+        ("carols", "carol", "nlp", "secret-llm"),
+    ]
+    records = [
+        running(job_id, owner).model_copy(update={"team": team}) for job_id, owner, team, _ in jobs
+    ]
+    page = Page(
+        Board(),
+        Platform(records, TEAMS),
+        FixedClock(NOW),
+        viewer="unused",
+        logs=no_logs,
+        viewer_header=SIGNED_IN,
+    )
+    for job_id, owner, team, experiment in jobs:
+        for event in billed(job_id, owner, team, experiment):
+            page.board.add(event)
+    await page.load()
+    async with TestClient(TestServer(app(page))) as client:
+        yield page, client
+
+
+def as_person(name: str) -> dict[str, str]:
+    return {SIGNED_IN: name}
+
+
+async def test_nobody_signed_in_gets_a_page_saying_so_and_nothing_else(
+    signed_in: tuple[Page, TestClient],  # type: ignore[type-arg]
+) -> None:
+    _, client = signed_in
+    nobody = await client.get("/jobs")
+    forged = await client.get("/jobs", headers=as_person("alice bob"))
+
+    assert nobody.status == 401
+    body = await nobody.text()
+    assert "nobody signed in" in body
+    assert "alices" not in body
+    assert forged.status == 400
+
+
+async def test_a_person_sees_their_own_and_their_teams_jobs_and_nothing_of_another_team(
+    signed_in: tuple[Page, TestClient],  # type: ignore[type-arg]
+) -> None:
+    _, client = signed_in
+    alice = as_person("alice")
+
+    listed = await (await client.get("/jobs", headers=alice)).text()
+    carols = await client.get("/jobs/carols", headers=alice)
+    costs = await (await client.get("/experiments", headers=alice)).text()
+    chart = await (await client.get("/experiments/experiments.json", headers=alice)).json()
+    by_owner = await (await client.get("/experiments/owners.json", headers=alice)).json()
+
+    assert 'data-job="alices"' in listed
+    assert 'data-job="bobs"' in listed
+    assert "carols" not in listed
+    assert carols.status == 404
+    assert "no job carols that you may see" in await carols.text()
+    assert "secret-llm" not in costs
+    assert 'data-experiment="others"' in costs
+    assert "secret-llm" not in json.dumps(chart)
+    assert "carol" not in json.dumps(by_owner)
+    carol = await (await client.get("/jobs", headers=as_person("carol"))).text()
+    assert 'data-job="carols"' in carol
+    assert "alices" not in carol
+
+
+async def test_cancel_is_offered_to_the_owner_and_the_teams_admin_only(
+    signed_in: tuple[Page, TestClient],  # type: ignore[type-arg]
+) -> None:
+    page, client = signed_in
+
+    def offered(person: str) -> bool:
+        return page.may_cancel(page.board.records["alices"], Viewing(person, everything=False))
+
+    assert [offered(p) for p in ("alice", "jane.doe", "bob")] == [True, True, False]
+    by_bob = await client.post(
+        "/jobs/alices/cancel", headers={**as_person("bob"), "HX-Request": "true"}
+    )
+    by_admin = await client.post(
+        "/jobs/alices/cancel", headers={**as_person("jane.doe"), "HX-Request": "true"}
+    )
+    assert (by_bob.status, by_admin.status) == (403, 200)
+    assert page.platform.cancelled == [("alices", "jane.doe")]  # type: ignore[attr-defined]
+
+
+async def test_an_open_page_hears_nothing_of_another_teams_jobs(
+    signed_in: tuple[Page, TestClient],  # type: ignore[type-arg]
+) -> None:
+    page, client = signed_in
+    response = await client.get("/events", headers=as_person("carol"))
+    await asyncio.sleep(0.05)
+
+    for job_id in ("alices", "bobs", "carols"):
+        progress = JobProgress(job_id=job_id, attempt=1, step=10, metrics={"loss": 0.5})
+        await page.take(new_event(progress, source="test", time=NOW, subject=job_id))
+    line = await asyncio.wait_for(response.content.readuntil(b"\n\n"), 5)
+
+    assert line == b'event: jobs\ndata: "carols"\n\n'
+    response.close()

@@ -7,16 +7,12 @@
 - `attempts`: what Ray gets, how the record moves as Ray and training report, resumes,
   cancellations, the end;
 - `give_way`: jobs asked to checkpoint and stop for other work;
-- `access`: who may cancel or read a job;
+- `shared.access`: who may cancel or read a job (the web page shows with it too);
 - `transitions`: the record's next state and the facts to publish, shared by all.
 
 Handlers load, call these, act and publish; they decide nothing themselves.
 """
 
-from services.submitter.policy.access import (
-    may_read,
-    who_may_not_cancel,
-)
 from services.submitter.policy.admission import (
     Accept,
     Admission,
@@ -94,6 +90,7 @@ from services.submitter.policy.transitions import (
     with_attempt,
     with_driver_node,
 )
+from shared.access import may_read, who_may_not_cancel
 
 __all__ = [
     "GIVE_WAY",

@@ -1,11 +1,10 @@
 """Who may do what to a job, pure: cancel it (its owner, its team's admins), read its
-record and events (its owner and team)."""
+record and events (its owner and team). The submitter decides with these (its records
+desk answers people with what they may read); the web page shows with them."""
 
 from __future__ import annotations
 
-from services.submitter.model import (
-    JobRecord,
-)
+from shared.jobs import JobRecord
 from shared.teams import Teams
 
 
