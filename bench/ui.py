@@ -313,7 +313,7 @@ def main() -> None:
             env = {
                 **os.environ,
                 "SPOTRAIN_NATS_URL": server.url,
-                "SPOTRAIN_UI_PORT": str(port),
+                "SPOTRAIN_UI_HTTP_PORT": str(port),
                 "SPOTRAIN_UI_VIEWER": "alice",
             }
             started = time.perf_counter()

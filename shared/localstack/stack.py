@@ -210,8 +210,8 @@ def components(settings: LocalStackSettings) -> list[Component]:
                 argv=[sys.executable, "-m", "shared.ui"],
                 env={
                     **base_env,
-                    "SPOTRAIN_UI_HOST": s.host,
-                    "SPOTRAIN_UI_PORT": str(s.ui_port),
+                    "SPOTRAIN_UI_HTTP_HOST": s.host,
+                    "SPOTRAIN_UI_HTTP_PORT": str(s.ui_port),
                     "SPOTRAIN_UI_LOG_JSON": "true",
                 },
                 ports=(Port(s.ui_port, "SPOTRAIN_LOCAL_UI_PORT"),),

@@ -43,8 +43,8 @@ between is read twice, and the board takes each event once."""
 class UiSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="SPOTRAIN_UI_", extra="ignore", frozen=True)
 
-    host: str = "127.0.0.1"
-    port: int = Field(default=7460, ge=0, le=65535)
+    http_host: str = "127.0.0.1"
+    http_port: int = Field(default=7460, ge=0, le=65535)
     viewer: str | None = None
     """Whom the page shows the platform to: the login name of whoever runs it by default
     (the local stack's owner), who reads everything."""
@@ -53,9 +53,9 @@ class UiSettings(BaseSettings):
     `X-Auth-Request-User`, say). Each page is then that person's: their own jobs and their
     team's. Only the proxy may reach the page (the chart's NetworkPolicy), or anyone could
     send the header."""
-    ray_address: str = Field(
-        default="http://127.0.0.1:8265", validation_alias="SPOTRAIN_RAY_ADDRESS"
-    )
+    ray_address: str | None = Field(default=None, validation_alias="SPOTRAIN_RAY_ADDRESS")
+    """Ray's dashboard, for the attempts' output: the local stack's. None in the chart,
+    where the page never reaches Ray's job API (`spotrain logs` reads it through the desk)."""
     log_json: bool = False
 
 
@@ -63,12 +63,14 @@ class RayLogs:
     """An attempt's output from Ray's job API (the stack's own Ray, with its token when it
     has one); None when Ray does not answer."""
 
-    def __init__(self, address: str, session: aiohttp.ClientSession) -> None:
-        self._address = address.rstrip("/")
+    def __init__(self, address: str | None, session: aiohttp.ClientSession) -> None:
+        self._address = address.rstrip("/") if address else None
         self._session = session
         self._headers = _ray_token_headers()
 
     async def __call__(self, submission_id: str) -> str | None:
+        if self._address is None:
+            return None
         url = f"{self._address}/api/jobs/{submission_id}/logs"
         try:
             async with self._session.get(
@@ -167,11 +169,11 @@ async def serve(settings: UiSettings, bus_settings: BusSettings) -> None:
                 ready.cancel()
                 if fed.done():
                     fed.result()  # the stream could not be read: say why, serve nothing
-                site = web.TCPSite(runner, settings.host, settings.port)
+                site = web.TCPSite(runner, settings.http_host, settings.http_port)
                 await site.start()
                 log.info(
                     "ui.serving",
-                    url=f"http://{settings.host}:{settings.port}",
+                    url=f"http://{settings.http_host}:{settings.http_port}",
                     jobs=len(page.board.records),
                 )
                 group.create_task(refresh(page, stop))

@@ -30,7 +30,7 @@ def page_behind_sign_in(env: dict[str, str]) -> Iterator[str]:
     port = free_port()
     page = subprocess.Popen(
         [sys.executable, "-m", "shared.ui"],
-        env={**env, "SPOTRAIN_UI_PORT": str(port), "SPOTRAIN_UI_VIEWER_HEADER": SIGNED_IN},
+        env={**env, "SPOTRAIN_UI_HTTP_PORT": str(port), "SPOTRAIN_UI_VIEWER_HEADER": SIGNED_IN},
     )
     url = f"http://127.0.0.1:{port}"
     try:

@@ -38,3 +38,15 @@ def gke(helm: Helm) -> list[Manifest]:
 def kuberay(helm: Helm) -> list[Manifest]:
     """The default values with the scaler's kuberay provider."""
     return helm.render(sets={**REQUIRED_SETS, "scaler.settings.provider": "kuberay"})
+
+
+@pytest.fixture(scope="session")
+def with_ui(helm: Helm) -> list[Manifest]:
+    """The default values with the web page behind a sign-in proxy."""
+    return helm.render(
+        sets={
+            **REQUIRED_SETS,
+            "ui.enabled": "true",
+            "ui.signInFrom[0].podSelector.matchLabels.app": "oauth2-proxy",
+        }
+    )

@@ -39,6 +39,7 @@ from shared.resources import (
     pool_resource,
 )
 from shared.teams import parse_teams
+from shared.ui.run import UiSettings
 from tests.fakes.kuberay_server import FakeKubeRay, serve_fake_kuberay
 from tests.fakes.kuberay_validation import ray_cluster_errors
 from tests.helm.chart import (
@@ -70,6 +71,7 @@ SETTINGS_BY_MODULE: dict[str, type[BaseSettings]] = {
     "services.preemption_watcher": PreemptionWatcherSettings,
     "services.checkpointer": CheckpointerSettings,
     "services.preemption_watcher.metadata_agent": MetadataAgentSettings,
+    "shared.ui": UiSettings,
 }
 SERVICE_ACCOUNTS = {
     "submitter": "spotrain-submitter",
@@ -265,7 +267,7 @@ def _errors(validator: Draft202012Validator, manifest: Manifest) -> list[str]:
     return [f"{'/'.join(map(str, e.path))}: {e.message}" for e in validator.iter_errors(manifest)]
 
 
-@pytest.mark.parametrize("render", ["minimal", "gke", "kuberay"])
+@pytest.mark.parametrize("render", ["minimal", "gke", "kuberay", "with_ui"])
 def test_every_object_matches_the_kubernetes_schemas(
     render: str, request: pytest.FixtureRequest
 ) -> None:
@@ -361,7 +363,7 @@ def test_no_container_runs_as_root(render: str, request: pytest.FixtureRequest) 
             assert not context["capabilities"].get("add"), where
 
 
-@pytest.mark.parametrize("render", ["minimal", "gke"])
+@pytest.mark.parametrize("render", ["minimal", "gke", "with_ui"])
 def test_every_container_has_requests_and_limits(
     render: str, request: pytest.FixtureRequest
 ) -> None:
@@ -374,7 +376,7 @@ def test_every_container_has_requests_and_limits(
                     assert resources_[kind][resource], (pod.where, container["name"], kind)
 
 
-@pytest.mark.parametrize("render", ["minimal", "gke"])
+@pytest.mark.parametrize("render", ["minimal", "gke", "with_ui"])
 def test_every_container_has_a_read_only_root_filesystem(
     render: str, request: pytest.FixtureRequest
 ) -> None:
@@ -389,7 +391,7 @@ def test_every_container_has_a_read_only_root_filesystem(
                     assert volume["emptyDir"]["sizeLimit"], (pod.where, mount["name"])
 
 
-@pytest.mark.parametrize("render", ["minimal", "gke"])
+@pytest.mark.parametrize("render", ["minimal", "gke", "with_ui"])
 def test_every_service_is_probed_on_healthz_of_its_http_port(
     render: str, request: pytest.FixtureRequest
 ) -> None:
@@ -564,7 +566,7 @@ def test_watcher_without_k8s_source_gets_no_rbac_and_no_token(helm: Helm) -> Non
     assert watcher["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
 
 
-@pytest.mark.parametrize("render", ["minimal", "gke", "kuberay"])
+@pytest.mark.parametrize("render", ["minimal", "gke", "kuberay", "with_ui"])
 def test_only_pods_that_call_the_kubernetes_api_get_a_token(
     render: str, request: pytest.FixtureRequest
 ) -> None:
@@ -580,7 +582,7 @@ def test_only_pods_that_call_the_kubernetes_api_get_a_token(
 # -- settings: one-to-one, and enough to start ----------------------------------------------
 
 
-@pytest.mark.parametrize("render", ["minimal", "gke", "kuberay"])
+@pytest.mark.parametrize("render", ["minimal", "gke", "kuberay", "with_ui"])
 def test_every_env_var_is_a_setting_the_process_reads(
     render: str, request: pytest.FixtureRequest
 ) -> None:
@@ -596,7 +598,7 @@ def test_every_env_var_is_a_setting_the_process_reads(
         assert not unknown, (where, unknown)
 
 
-@pytest.mark.parametrize("render", ["minimal", "gke", "kuberay"])
+@pytest.mark.parametrize("render", ["minimal", "gke", "kuberay", "with_ui"])
 def test_every_process_starts_with_its_rendered_settings(
     render: str,
     request: pytest.FixtureRequest,
