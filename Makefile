@@ -29,14 +29,14 @@ demo: $(DEMO_STAMP)
 	$(BIN)/spotrain submit train_digits.py --workdir examples --spot --experiment demo \
 		--wait -- --steps 300 --step-delay-s 0.01
 	$(BIN)/spotrain ls
-	@echo "The stack keeps running: $(BIN)/spotrain status | $(BIN)/spotrain down"
+	@echo "The stack keeps running: $(BIN)/spotrain ui (the web page) | $(BIN)/spotrain status | $(BIN)/spotrain down"
 
 # A deadline job rides a stock-out of a spot market (x20: a trace minute in 3 s).
 demo-market: $(DEMO_STAMP)
 	$(BIN)/spotrain down
 	$(BIN)/spotrain up --spot-market gpu-spot=examples/spot-stock-out.json,20
 	$(BIN)/spotrain demo --market
-	@echo "The stack keeps running: $(BIN)/spotrain status | $(BIN)/spotrain down"
+	@echo "The stack keeps running: $(BIN)/spotrain ui (the web page) | $(BIN)/spotrain status | $(BIN)/spotrain down"
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -8,6 +8,7 @@ Playwright) loads it. Measured, medians of --runs:
 - ui_start_s: from the page's process start until it serves (it reads the whole stream);
 - ui_first_render_s: the jobs page, from navigation until its rows are on screen;
 - ui_job_page_s: a job's page, until its timeline and metric charts are drawn;
+- ui_experiments_page_s: the experiments page, until its four charts are drawn;
 - ui_update_s: from an event published on the bus to the open job page showing it;
 - cli_ls_s: `spotrain ls --all` on the same store, process start to exit: the baseline.
 Goals (issue 34): first render < 1 s, update < 0.5 s.
@@ -20,7 +21,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -49,20 +49,11 @@ from shared.localstack.nats_server import NatsServer
 from shared.localstack.ports import free_port
 from shared.messaging import BusSettings
 from shared.messaging.jetstream import JetStreamBus
+from tests.browser import CHROMIUM_FLAGS, chromium
 
-REPO = Path(__file__).resolve().parents[1]
 CLI = [sys.executable, "-c", "from shared.cli.entry import main; main()"]
 NODES = 40
 OWNERS = ("alice", "bob", "carol", "dave", "erin")
-CHROMIUM_FLAGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 
 
 def job_story(n: int, start: datetime) -> tuple[JobRecord, list[Event[EventData]]]:
@@ -213,16 +204,15 @@ CHARTS_DRAWN = """() => ['timeline', 'metric'].every(id => {
 })"""
 
 
+EXPERIMENT_CHARTS_DRAWN = """() => ['by-experiment', 'by-owner', 'by-team', 'spend'].every(id => {
+    const element = document.getElementById(id);
+    return element && Number(element.dataset.drawn || 0) >= 1;
+})"""
+
+
 async def measure_page(url: str, runs: int, nats_url: str) -> dict[str, float]:
-    chromium = (
-        str(REPO / ".tools/bin/chromium")
-        if (REPO / ".tools/bin/chromium").exists()
-        else shutil.which("chromium")
-    )
-    if chromium is None:
-        raise SystemExit("no chromium: run tools/install-chromium")
     async with async_playwright() as playwright:
-        browser = await playwright.chromium.launch(executable_path=chromium, args=CHROMIUM_FLAGS)
+        browser = await playwright.chromium.launch(executable_path=chromium(), args=CHROMIUM_FLAGS)
         page = await browser.new_page()
         await page.goto(f"{url}/jobs")  # the browser's own start is not the page's
         first_render = [
@@ -235,11 +225,16 @@ async def measure_page(url: str, runs: int, nats_url: str) -> dict[str, float]:
             await timed_load(page, f"{url}/jobs/bench-{n * 997 % 10000:05d}", CHARTS_DRAWN)
             for n in range(runs)
         ]
+        experiments = [
+            await timed_load(page, f"{url}/experiments", EXPERIMENT_CHARTS_DRAWN)
+            for _ in range(runs)
+        ]
         updates = await measure_updates(page, url, runs, nats_url)
         await browser.close()
     return {
         "ui_first_render_s": statistics.median(first_render),
         "ui_job_page_s": statistics.median(job_page),
+        "ui_experiments_page_s": statistics.median(experiments),
         "ui_update_s": statistics.median(updates),
     }
 
@@ -337,9 +332,18 @@ def main() -> None:
     print(f"{'figure':<20} {'page':>8} {'spotrain ls':>12}")
     print(f"{'jobs list':<20} {figures['ui_first_render_s']:>8.3f} {figures['cli_ls_s']:>12.3f}")
     print(f"{'a job':<20} {figures['ui_job_page_s']:>8.3f} {'':>12}")
+    print(f"{'experiments':<20} {figures['ui_experiments_page_s']:>8.3f} {'':>12}")
     print(f"{'event to screen':<20} {figures['ui_update_s']:>8.3f} {'':>12}")
     print()
-    for name in ("ui_start_s", "ui_first_render_s", "ui_job_page_s", "ui_update_s", "cli_ls_s"):
+    names = (
+        "ui_start_s",
+        "ui_first_render_s",
+        "ui_job_page_s",
+        "ui_experiments_page_s",
+        "ui_update_s",
+        "cli_ls_s",
+    )
+    for name in names:
         print(f"{name}: {figures[name]:.3f}")
 
 

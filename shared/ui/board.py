@@ -13,9 +13,8 @@ from collections import defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from fractions import Fraction
 
-from shared.cost import CostFold, Ledger, attributed
+from shared.cost import COST_EVENTS, CostFold, Ledger, attributed
 from shared.cost.report import CostRow, GroupBy, cost_rows, job_costs
 from shared.events import Event, EventData
 from shared.events.data import NodeLost, NodePreempting, PoolResizeFailed
@@ -37,8 +36,10 @@ class Board:
     """Growths the cloud refused (`pool.resize_failed`): the pool and when."""
     seen_ids: set[str] = field(default_factory=set)
     costs: CostFold = field(default_factory=CostFold)
-    version: int = 0
-    """Changes on the board since it started: a cached ledger is as new as its version."""
+    cost_version: int = 0
+    """Changes to what the ledger reads (cost events, node sightings) since the board
+    started: a cached ledger is as new as its version. Progress reports, the bulk of the
+    stream, change nothing of it."""
     _ledger: tuple[int, Ledger] | None = None
 
     def add(self, event: Event[EventData]) -> str | None:
@@ -46,8 +47,9 @@ class Board:
         if event.id in self.seen_ids:
             return None
         self.seen_ids.add(event.id)
-        self.version += 1
-        self.costs.add(event)
+        if isinstance(event.data, COST_EVENTS):
+            self.costs.add(event)
+            self.cost_version += 1
         data = event.data
         if isinstance(data, NodePreempting):
             self.notices[data.node].append(event)
@@ -67,12 +69,11 @@ class Board:
         if known is not None and known.updated_at > record.updated_at:
             return False  # an older read that arrived late
         self.records[record.job_id] = record
-        self.version += 1
         return known != record
 
     def touch(self) -> None:
         """Something the ledger reads besides the events changed (the node sightings)."""
-        self.version += 1
+        self.cost_version += 1
 
     def history(self, job_id: str) -> list[Event[EventData]]:
         """The job's events, and the notices of the nodes it ran on, in time order."""
@@ -87,10 +88,10 @@ class Board:
     def ledger(self, now: datetime, seen: Mapping[str, datetime]) -> Ledger:
         """The cost ledger up to `now`, as `spotrain cost` computes it (the same fold and
         attribution); computed again only when an event arrived since."""
-        if self._ledger is not None and self._ledger[0] == self.version:
+        if self._ledger is not None and self._ledger[0] == self.cost_version:
             return self._ledger[1]
         computed = attributed(self.costs.inputs({}, seen=seen), now=now)
-        self._ledger = (self.version, computed)
+        self._ledger = (self.cost_version, computed)
         return computed
 
     def job_costs(self, ledger: Ledger) -> dict[str, CostRow]:
@@ -102,21 +103,40 @@ class Board:
 
 def spend_points(
     ledger: Ledger, key_of: Mapping[str, str], points: int = OVER_TIME_POINTS
-) -> list[tuple[datetime, dict[str, Fraction]]]:
-    """Cumulative spend per key (a job's experiment, owner or team, by `key_of[job_id]`) at
-    `points` moments over the ledger's span: attributed again up to each moment, so each
-    point is what `spotrain cost` would have said then."""
+) -> list[tuple[datetime, dict[str, float]]]:
+    """Cumulative spend per key (a job's experiment, say, by `key_of[job_id]`) at `points`
+    moments over the ledger's span. Each charge is spread evenly over its attempt's time on
+    its node, as the node's seconds were billed, so the last point is the ledger's total;
+    one pass over the charges, whatever the number of jobs."""
     start, end = ledger.start, ledger.end
     if end <= start:
         return []
+    spans: dict[tuple[str, int, str], tuple[datetime, datetime]] = {}
+    for hold in ledger.inputs.holds:
+        key = (hold.job_id, hold.attempt, hold.node)
+        held_until = min(hold.end or end, end)
+        first, last = spans.get(key, (hold.start, held_until))
+        spans[key] = (min(first, hold.start), max(last, held_until))
     step = (end - start) / (points - 1)
-    result = []
-    for index in range(points):
-        moment = start + step * index
-        partial = attributed(ledger.inputs, now=moment, since=start)
-        spent: dict[str, Fraction] = defaultdict(Fraction)
-        for charge in partial.attribution.charges:
-            if charge.job_id is not None and charge.job_id in key_of:
-                spent[key_of[charge.job_id]] += charge.cost_usd
-        result.append((moment, dict(spent)))
-    return result
+    moments = [start + step * index for index in range(points)]
+    spent: list[dict[str, float]] = [defaultdict(float) for _ in moments]
+    for charge in ledger.attribution.charges:
+        job_id = charge.job_id
+        if job_id is None or job_id not in key_of or charge.attempt is None:
+            continue
+        span = spans.get((job_id, charge.attempt, charge.node))
+        if span is None:
+            continue
+        first, last = span
+        length_s = (last - first).total_seconds()
+        cost = float(charge.cost_usd)
+        for index, moment in enumerate(moments):
+            if moment <= first:
+                continue
+            done = (
+                1.0
+                if moment >= last or length_s <= 0
+                else (moment - first).total_seconds() / length_s
+            )
+            spent[index][key_of[job_id]] += cost * done
+    return [(moment, dict(totals)) for moment, totals in zip(moments, spent, strict=True)]

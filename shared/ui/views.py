@@ -615,7 +615,7 @@ def _bar_series(
 
 
 def spend_over_time(
-    points: Sequence[tuple[datetime, Mapping[str, Fraction]]], title: str
+    points: Sequence[tuple[datetime, Mapping[str, float]]], title: str
 ) -> dict[str, Any]:
     """Cumulative spend per key (experiment, owner, team) at each moment, one line a key."""
     keys = sorted({key for _, spent in points for key in spent})

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,33 +21,14 @@ from playwright.sync_api import Browser, ConsoleMessage, Page, sync_playwright
 from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 
 from shared.cost import format_usd
+from tests.browser import CHROMIUM_FLAGS, chromium
 from tests.e2e.stack import spotrain
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 REPO = Path(__file__).resolve().parents[2]
 
-# As the machine's own check starts it: without the background-networking flags Chromium
-# dials Google's hosts at start, which a closed network refuses, many at a time.
-CHROMIUM_FLAGS = [
-    "--no-sandbox",  # CI runs as root, where Chromium's sandbox will not start
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-
 WAIT_MS = 90_000
-
-
-def chromium() -> str:
-    """tools/install-chromium's link, else one on PATH: never Playwright's download."""
-    linked = REPO / ".tools" / "bin" / "chromium"
-    found = str(linked) if linked.exists() else shutil.which("chromium")
-    assert found, "no chromium: run tools/install-chromium (make test does)"
-    return found
 
 
 @pytest.fixture(scope="module")

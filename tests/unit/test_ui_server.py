@@ -23,24 +23,14 @@ from shared.events.data import (
 from shared.events.types import CapacityClass
 from shared.jobs import AttemptState, JobRecord, JobState
 from shared.pools import NodeSightings, PoolsStatus
-from shared.teams import TeamHolds, Teams, TeamsStatus, parse_teams
+from shared.teams import TeamHolds, Teams, TeamsStatus
 from shared.ui.board import Board
 from shared.ui.server import Page, Viewing, app
 from tests.fakes.clock import FixedClock
+from tests.unit.test_records_desk import TEAMS
 from tests.unit.test_ui_views import attempt, record
 
 NOW = datetime(2026, 12, 5, 12, 0, tzinfo=UTC)
-
-
-TEAMS = parse_teams(
-    """
-[teams.vision]
-members = ["alice", "bob", "jane.doe"]
-admins = ["jane.doe"]
-[teams.nlp]
-members = ["carol"]
-"""
-)
 
 
 class Platform:

@@ -3,6 +3,7 @@ waits, a preempted job's chart marks, and figures from the same functions as the
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from fractions import Fraction
 from typing import Any
@@ -12,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from shared.cost import CostRow, Ledger, format_usd
-from shared.cost.attribution import Attribution, Charge, NodeLife
+from shared.cost.attribution import Attribution, Charge, Hold, NodeLife
 from shared.cost.ledger import CostInputs
 from shared.events import Event, EventData, new_event
 from shared.events.data import (
@@ -29,7 +30,7 @@ from shared.events.types import Bundle, CapacityClass
 from shared.jobs import Attempt, AttemptState, JobRecord, JobState
 from shared.pools import PoolsStatus, QueuedAttempt
 from shared.ui import views
-from shared.ui.board import Board
+from shared.ui.board import Board, spend_points
 from shared.ui.views import JobFilter
 
 NOW = datetime(2026, 12, 5, 12, 0, tzinfo=UTC)
@@ -387,3 +388,42 @@ def test_the_board_takes_each_event_once_and_never_an_older_record() -> None:
 
     assert board.records["job-1"] == job
     assert [e.id for e in board.history("job-1")] == [reported.id, notice.id]
+
+
+def test_spend_over_time_accrues_each_charge_over_its_attempts_time_to_the_ledgers_total() -> None:
+    start = NOW - timedelta(seconds=100)
+    holds = (
+        Hold(job_id="a", attempt=1, node="n1", gpus=1, cpus=1, start=start, end=NOW),
+        Hold(
+            job_id="b",
+            attempt=1,
+            node="n2",
+            gpus=1,
+            cpus=1,
+            start=start,
+            end=start + timedelta(seconds=50),
+        ),
+    )
+    ledger = Ledger(
+        inputs=CostInputs(nodes=(), holds=holds, jobs={}),
+        attribution=Attribution(bills=(), charges=(charge(1, "4", "a"), charge(1, "2", "b"))),
+        start=start,
+        end=NOW,
+    )
+    ledger = replace(
+        ledger,
+        attribution=Attribution(
+            bills=(),
+            charges=tuple(
+                replace(c, node="n1" if c.job_id == "a" else "n2")
+                for c in ledger.attribution.charges
+            ),
+        ),
+    )
+
+    points = spend_points(ledger, {"a": "sweep", "b": "other"}, points=3)
+
+    assert [moment for moment, _ in points] == [start, start + timedelta(seconds=50), NOW]
+    assert points[0][1] == {}
+    assert points[1][1] == pytest.approx({"sweep": 2.0, "other": 2.0})
+    assert points[2][1] == pytest.approx({"sweep": 4.0, "other": 2.0})
