@@ -150,7 +150,7 @@ def waits_text(record: JobRecord, pools: PoolsStatus | None) -> str:
         return ""
     place = pools.place_of(record.job_id, attempt.number) if pools is not None else None
     if place is None:
-        return "queued: not placed by the scaler yet"
+        return "not placed by the scaler yet"
     return f"#{place.position} of {len(pools.queue) if pools else 0}: {place.why}"
 
 

@@ -238,7 +238,11 @@ def test_a_job_is_cancelled_from_its_page_and_bad_addresses_get_a_clear_page(
     watched = Watched(browser)
     page = watched.page
     page.on("dialog", lambda dialog: dialog.accept())
-    page.goto(f"{url}/jobs/{job_id}")
+    # The page asks for its job again as its event stream opens: what changed between its
+    # render and its stream is shown (a queued job may be cancelled within that second).
+    summary = f"{url}/jobs/{job_id}/summary"
+    with page.expect_request(lambda request: request.url == summary):
+        page.goto(f"{url}/jobs/{job_id}")
     with page.expect_response(lambda response: response.url.endswith("/cancel")) as answer:
         page.locator("#cancel").click()
     assert answer.value.status == 200

@@ -185,7 +185,7 @@ def test_a_queued_job_says_its_place_and_why_as_show_does() -> None:
     )
 
     assert views.waits_text(queued, status) == "#2 of 2: no spot room: stocked out"
-    assert views.waits_text(queued, None) == "queued: not placed by the scaler yet"
+    assert views.waits_text(queued, None) == "not placed by the scaler yet"
     quota = record(waiting_for="team vision's spot quota is taken", state=JobState.QUEUED)
     assert views.waits_text(quota, status) == "team vision's spot quota is taken"
     assert views.waits_text(record(state=JobState.SUCCEEDED), status) == ""

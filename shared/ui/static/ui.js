@@ -26,6 +26,8 @@
 
   document.addEventListener("DOMContentLoaded", drawAll);
   document.addEventListener("htmx:sseMessage", drawAll);
+  // What changed between the page's render and its event stream's (re)opening.
+  document.addEventListener("htmx:sseOpen", drawAll);
   window.addEventListener("resize", function () {
     document.querySelectorAll("[data-chart]").forEach(function (element) {
       const chart = echarts.getInstanceByDom(element);
