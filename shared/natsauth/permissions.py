@@ -320,6 +320,18 @@ class ReadsBucket:
 
 
 @dataclass(frozen=True)
+class HearsBucket:
+    """Hears a key-value bucket's writes as they happen, on core NATS (each write is a
+    message on `$KV.<bucket>.<key>`): what it may read anyway, as it changes."""
+
+    bucket: Bucket
+
+    def rules(self, names: BusNames, durables: Sequence[str]) -> list[Rule]:
+        bucket = names.bucket(self.bucket)
+        return [Rule(f"$KV.{bucket}.>", f"hears the {bucket} bucket's writes", subscribe=True)]
+
+
+@dataclass(frozen=True)
 class WritesBucket:
     """Declares and writes a key-value bucket: its one writer."""
 
@@ -545,6 +557,7 @@ TABLE: tuple[RoleSpec, ...] = (
         (
             Publishes((JobCancelRequested,)),
             ReadsBucket(Bucket.JOBS),
+            HearsBucket(Bucket.JOBS),
             ReadsBucket(Bucket.REFUSALS, listing=False),
             ReadsBucket(Bucket.POOLS, listing=False),
             ReadsBucket(Bucket.TEAMS, listing=False),

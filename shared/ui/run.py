@@ -9,7 +9,7 @@ import asyncio
 import contextlib
 import os
 import signal
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -22,6 +22,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from shared.client import SpotrainClient, current_user
 from shared.clock import SystemClock
 from shared.events import decode
+from shared.jobs import JobRecord, jobs_bucket
 from shared.logs import configure_logging, deferred_logger
 from shared.messaging.jetstream import JetStreamBus
 from shared.messaging.ports import EventBus, StreamRecord
@@ -117,11 +118,28 @@ async def _feed(page: Page, bus: EventBus, stop: asyncio.Event) -> None:
         for message in await bus.read(subject):
             with contextlib.suppress(ValueError):
                 page.board.add(decode(message.data))
-    await page.load()
-    page.ready.set()
-    async with asyncio.TaskGroup() as group:
-        for subject in subjects:
-            group.create_task(_follow(page, bus.follow([subject], stop, since=since)))
+    # The records' writes are heard before the records are read: a write in between is
+    # taken either way, and the board keeps the newer of two.
+    writes = await bus.listen(f"$KV.{jobs_bucket(bus.prefix)}.>", _written(page))
+    try:
+        await page.load()
+        page.ready.set()
+        async with asyncio.TaskGroup() as group:
+            for subject in subjects:
+                group.create_task(_follow(page, bus.follow([subject], stop, since=since)))
+    finally:
+        await writes.stop()
+
+
+def _written(page: Page) -> Callable[[bytes], Awaitable[None]]:
+    async def written(data: bytes) -> None:
+        try:
+            record = JobRecord.model_validate_json(data)
+        except ValueError:
+            return  # a deletion (no value), or a record of another version: read on load
+        page.written(record)
+
+    return written
 
 
 async def _follow(page: Page, follower: AsyncGenerator[StreamRecord, None]) -> None:
@@ -131,7 +149,7 @@ async def _follow(page: Page, follower: AsyncGenerator[StreamRecord, None]) -> N
                 event = decode(record.data)
             except ValueError:
                 continue  # its consumers dead-lettered it, and said so
-            await page.take(event)
+            page.take(event)
 
 
 async def refresh(page: Page, stop: asyncio.Event) -> None:

@@ -49,10 +49,10 @@ LIST_COALESCE_S = 0.2
 
 
 class Platform(Protocol):
-    """What the page reads and does, beside the events it follows: the client's calls."""
+    """What the page reads and does, beside the events and the record writes it follows:
+    the client's calls."""
 
     async def jobs(self) -> list[JobRecord]: ...
-    async def job(self, job_id: str) -> JobRecord | None: ...
     async def pools(self) -> PoolsStatus | None: ...
     async def teams(self) -> TeamsStatus | None: ...
     async def sightings(self) -> NodeSightings | None: ...
@@ -140,16 +140,18 @@ class Page:
             self.board.touch()  # the open nodes are billed up to their new sightings
         self.pools, self.teams, self.sightings = pools, teams, sightings
 
-    async def take(self, event: Event[EventData]) -> None:
-        """One event from the stream: on the board, the job's record read again, and the
-        page's open streams told."""
+    def take(self, event: Event[EventData]) -> None:
+        """One event from the stream, on the board; the open streams of its job told."""
         job_id = self.board.add(event)
-        if job_id is None:
-            return
-        record = await self.platform.job(job_id)
-        if record is not None:
-            self.board.put_record(record)
-        self.changes.tell(job_id)
+        if job_id is not None:
+            self.changes.tell(job_id)
+
+    def written(self, record: JobRecord) -> None:
+        """A job's record as its writer just wrote it to the jobs bucket. The submitter
+        publishes a transition's events before it writes the record, so the record a page
+        shows comes from here, never from reading the bucket on an event."""
+        if self.board.put_record(record):
+            self.changes.tell(record.job_id)
 
     def ledger(self, viewing: Viewing) -> Ledger:
         whole = self.board.ledger(self.clock.now(), billed_up_to(self.sightings))

@@ -42,9 +42,6 @@ class Platform:
     async def jobs(self) -> list[JobRecord]:
         return list(self.records.values())
 
-    async def job(self, job_id: str) -> JobRecord | None:
-        return self.records.get(job_id)
-
     async def pools(self) -> PoolsStatus | None:
         return None
 
@@ -168,10 +165,36 @@ async def test_an_open_job_page_hears_of_its_jobs_events_only(
 
     for job_id in ("bobs", "mine"):
         progress = JobProgress(job_id=job_id, attempt=1, step=10, metrics={"loss": 0.5})
-        await page.take(new_event(progress, source="test", time=NOW, subject=job_id))
+        page.take(new_event(progress, source="test", time=NOW, subject=job_id))
     line = await asyncio.wait_for(response.content.readuntil(b"\n\n"), 5)
 
     assert line == b'event: job\ndata: "mine"\n\n'
+    response.close()
+
+
+async def test_the_record_a_page_shows_is_the_one_written_after_the_jobs_event(
+    page: Page,
+    client: TestClient,  # type: ignore[type-arg]
+) -> None:
+    """The submitter publishes a transition's events, then writes the record: the page
+    hears both, and shows the record as written, never one read at the event."""
+    response = await client.get("/events?job=mine")
+    await asyncio.sleep(0.05)
+    done = page.board.records["mine"].model_copy(
+        update={"state": JobState.SUCCEEDED, "updated_at": NOW + timedelta(seconds=1)}
+    )
+
+    page.take(new_event(JobSucceeded(job_id="mine", attempt=1), source="t", time=NOW))
+    first = await asyncio.wait_for(response.content.readuntil(b"\n\n"), 5)
+    page.written(done)
+    second = await asyncio.wait_for(response.content.readuntil(b"\n\n"), 5)
+    page.written(done)  # heard twice: nothing new to say
+
+    assert first == second == b'event: job\ndata: "mine"\n\n'
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(response.content.readuntil(b"\n\n"), 0.5)
+    summary = await (await client.get("/jobs/mine/summary")).text()
+    assert 'id="state">succeeded' in summary
     response.close()
 
 
@@ -184,7 +207,7 @@ async def test_a_client_that_drops_its_stream_is_let_go(
     response.close()
     progress = JobProgress(job_id="mine", attempt=1, step=10, metrics={"loss": 0.5})
     for _ in range(3):
-        await page.take(new_event(progress, source="test", time=NOW, subject="mine"))
+        page.take(new_event(progress, source="test", time=NOW, subject="mine"))
         await asyncio.sleep(0.3)
 
     assert page.changes.queues == set()
@@ -328,7 +351,7 @@ async def test_an_open_page_hears_nothing_of_another_teams_jobs(
 
     for job_id in ("alices", "bobs", "carols"):
         progress = JobProgress(job_id=job_id, attempt=1, step=10, metrics={"loss": 0.5})
-        await page.take(new_event(progress, source="test", time=NOW, subject=job_id))
+        page.take(new_event(progress, source="test", time=NOW, subject=job_id))
     line = await asyncio.wait_for(response.content.readuntil(b"\n\n"), 5)
 
     assert line == b'event: jobs\ndata: "carols"\n\n'
