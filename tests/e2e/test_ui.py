@@ -73,9 +73,11 @@ def wait_for_chart(page: Page, element_id: str, condition: str) -> dict[str, Any
     page.wait_for_function(
         """([id, condition]) => {
             const element = document.getElementById(id);
-            const chart = element && echarts.getInstanceByDom(element);
-            if (!chart) return false;
-            const option = chart.getOption();
+            // Drawn at least once: a chart set up but still fetching its option has none.
+            if (!element || !Number(element.dataset.drawn || 0)) return false;
+            const chart = echarts.getInstanceByDom(element);
+            const option = chart && chart.getOption();
+            if (!option || !option.series) return false;
             return new Function("option", "return " + condition)(option);
         }""",
         arg=[element_id, condition],
