@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from shared.cost import COST_EVENTS, CostFold, Ledger, attributed
-from shared.cost.report import CostRow, GroupBy, cost_rows, job_costs
 from shared.events import Event, EventData
 from shared.events.data import NodeLost, NodePreempting, PoolResizeFailed
 from shared.jobs import JobRecord
@@ -93,12 +92,6 @@ class Board:
         computed = attributed(self.costs.inputs({}, seen=seen), now=now)
         self._ledger = (self.cost_version, computed)
         return computed
-
-    def job_costs(self, ledger: Ledger) -> dict[str, CostRow]:
-        return job_costs(ledger)
-
-    def rows(self, ledger: Ledger, by: GroupBy) -> list[CostRow]:
-        return cost_rows(ledger, by)
 
 
 def spend_points(

@@ -27,7 +27,7 @@ from aiohttp import web
 from shared.access import may_read, who_may_not_cancel
 from shared.clock import Clock
 from shared.cost import GroupBy, Ledger
-from shared.cost.report import format_usd
+from shared.cost.report import cost_rows, format_usd, job_costs
 from shared.desk import teams_status_for
 from shared.events import Event, EventData
 from shared.jobs import JobRecord, JobState
@@ -321,7 +321,7 @@ def _viewing(request: web.Request) -> Viewing:
 
 
 def _listing(page: Page, viewing: Viewing, wanted: views.JobFilter) -> views.JobsPage:
-    costs = page.board.job_costs(page.ledger(viewing))
+    costs = job_costs(page.ledger(viewing))
     return views.jobs_page(page.visible(viewing), costs, page.pools, wanted)
 
 
@@ -374,7 +374,7 @@ async def job_summary(request: web.Request) -> web.StreamResponse:
 def _summary(page: Page, viewing: Viewing, record: JobRecord) -> dict[str, Any]:
     ledger = page.ledger(viewing)
     charges = [c for c in ledger.attribution.charges if c.job_id == record.job_id]
-    spent = page.board.job_costs(ledger).get(record.job_id)
+    spent = job_costs(ledger).get(record.job_id)
     return {
         "row": views.job_row(record, spent, page.pools),
         "attempts": views.attempt_views(record, charges),
@@ -438,10 +438,10 @@ async def experiments(request: web.Request) -> web.StreamResponse:
     return page.render(
         "experiments.html",
         viewing,
-        rows=page.board.rows(ledger, GroupBy.EXPERIMENT),
+        rows=cost_rows(ledger, GroupBy.EXPERIMENT),
         experiment=experiment,
         sweep=sorted(sweep or [], key=lambda r: r.job_id),
-        costs=page.board.job_costs(ledger),
+        costs=job_costs(ledger),
     )
 
 
@@ -451,10 +451,10 @@ async def experiments_chart(request: web.Request) -> web.StreamResponse:
     ledger = page.ledger(viewing)
     records = page.visible(viewing)
     if chart == "experiments":
-        rows = page.board.rows(ledger, GroupBy.EXPERIMENT)
+        rows = cost_rows(ledger, GroupBy.EXPERIMENT)
         return web.json_response(views.cost_bars(rows, "per experiment"))
     if chart == "owners":
-        rows = page.board.rows(ledger, GroupBy.OWNER)
+        rows = cost_rows(ledger, GroupBy.OWNER)
         return web.json_response(views.cost_bars(rows, "per owner"))
     if chart == "teams":
         return web.json_response(views.cost_bars(views.team_rows(ledger, records), "per team"))
@@ -466,7 +466,7 @@ async def experiments_chart(request: web.Request) -> web.StreamResponse:
         experiment = request.query.get("experiment", "")
         chosen = [r for r in records if r.request.experiment == experiment]
         metric = request.query.get("metric") or "loss"
-        return web.json_response(views.sweep_chart(chosen, page.board.job_costs(ledger), metric))
+        return web.json_response(views.sweep_chart(chosen, job_costs(ledger), metric))
     raise web.HTTPNotFound(reason=f"no chart {chart[:64]}")
 
 
