@@ -149,6 +149,8 @@ def main(argv: Sequence[str] | None = None) -> NoReturn:
     except KeyboardInterrupt:
         _fail("interrupted", 130)
     except Exception as error:
+        if bus_did_not_answer(error):
+            _fail(BUS_DID_NOT_ANSWER, 1)
         if not said_to_the_user(error):
             raise
         _fail(str(error), getattr(error, "exit_code", 1))
@@ -173,6 +175,19 @@ def said_to_the_user(error: Exception) -> bool:
         if module is not None and isinstance(error, tuple(getattr(module, n) for n in names)):
             return True
     return False
+
+
+BUS_DID_NOT_ANSWER = (
+    "the platform's bus did not answer in time (a NATS server lost, or its cluster still "
+    "electing a leader); try again in a minute"
+)
+
+
+def bus_did_not_answer(error: Exception) -> bool:
+    """Whether `error` is NATS giving up on an answer, after the bus's own tries through a
+    leader election: news about the platform, not a bug of the command."""
+    errors = sys.modules.get("nats.errors")
+    return errors is not None and isinstance(error, errors.TimeoutError)
 
 
 def _fail(message: str, exit_code: int) -> NoReturn:

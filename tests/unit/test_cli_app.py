@@ -190,3 +190,22 @@ def test_collection_resumes_after_the_start() -> None:
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
     )
     assert result.stdout.split() == ["False", "True"]
+
+
+def test_a_bus_that_does_not_answer_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import nats.errors  # noqa: PLC0415
+
+    import shared.cli.app as cli_app  # noqa: PLC0415
+
+    def no_answer(**_: object) -> None:
+        raise nats.errors.TimeoutError
+
+    monkeypatch.setattr(cli_app, "app", no_answer)
+    with pytest.raises(SystemExit) as done:
+        cli_app.main(["ls"])
+    assert done.value.code == 1
+    assert capsys.readouterr().err.splitlines() == [
+        f"spotrain: error: {cli_app.BUS_DID_NOT_ANSWER}"
+    ]
