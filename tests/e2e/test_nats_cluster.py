@@ -201,7 +201,7 @@ async def test_losing_one_server_loses_no_job_and_no_acknowledged_event(
                 shown.stderr
             )
             return False
-        return json.loads(shown.stdout)["state"] == "succeeded"
+        return bool(json.loads(shown.stdout)["state"] == "succeeded")
 
     await eventually(during_read, timeout_s=120, interval_s=1)
     up = await asyncio.to_thread(spotrain, env_of(cluster), "up", timeout_s=180)
