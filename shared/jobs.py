@@ -115,9 +115,16 @@ class Attempt(Frozen):
 
 
 PLATFORM_STOPS = frozenset(
-    {InterruptionCause.MOVED, InterruptionCause.RECLAIMED, InterruptionCause.PRIORITY}
+    {
+        InterruptionCause.MOVED,
+        InterruptionCause.RECLAIMED,
+        InterruptionCause.PRIORITY,
+        InterruptionCause.HEAD_LOST,
+    }
 )
-"""Attempts the platform stopped on purpose, checkpoint first: they spend no restart budget."""
+"""Attempts that ended for the platform's own doing, not their capacity's: stopped on
+purpose, checkpoint first, or lost with the platform's own Ray head. They spend no restart
+budget, and go on on the capacity they had."""
 
 
 class JobRecord(Frozen):

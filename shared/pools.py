@@ -69,6 +69,9 @@ class PoolsStatus(Frozen):
     queue: tuple[QueuedAttempt, ...] = ()
     """The queued attempts the scaler places, in the order they take room (at most
     `MAX_QUEUE_SHOWN`)."""
+    ray_head_away_since: AwareDatetime | None = None
+    """Since when the scaler has not reached Ray's head; None while it answers. While it is
+    away nothing is placed, grown or released, and the rest is the last pass's."""
 
     def place_of(self, job_id: str, attempt: int) -> QueuedAttempt | None:
         return next((q for q in self.queue if q.job_id == job_id and q.attempt == attempt), None)

@@ -13,6 +13,7 @@ when it has stopped (or has not within the wait) resumes it on the other capacit
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -63,7 +64,9 @@ async def on_node_preempting(event: Event[NodePreempting], deps: Deps) -> None:
     now = deps.clock.now()
     if _first_time(deps, f"notice-{notice.node}"):
         metrics.NOTICES.labels(notice.pool or metrics.UNKNOWN_POOL).inc()
-    drained = await deps.ray.drain(notice.node, notice.deadline)
+    # Alongside the checkpoint requests, not before them: a head that is away keeps the
+    # drain waiting for its GCS for many seconds of a short notice.
+    draining = asyncio.create_task(deps.ray.drain(notice.node, notice.deadline))
     asked = policy.checkpoint_now(
         await deps.jobs.active(), notice.node, notice.deadline, now, deps.config
     )
@@ -74,6 +77,7 @@ async def on_node_preempting(event: Event[NodePreempting], deps: Deps) -> None:
         await deps.checkpoints.request(record.checkpoint_uri, request)
         metrics.CHECKPOINT_REQUESTS.inc()
         log.info("checkpoint.requested", job_id=record.job_id, attempt=attempt.number)
+    drained = await draining
     log.info(
         "node.preempting",
         node=notice.node,

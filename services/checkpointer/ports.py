@@ -35,7 +35,8 @@ class CheckpointStore(Protocol):
 class RayNodes(Protocol):
     async def drain(self, node: str, deadline: datetime) -> bool:
         """Tell Ray the node goes away at `deadline`, so nothing new is placed on it.
-        False when Ray does not know the node (already gone) or refuses."""
+        False when Ray does not know the node (already gone), refuses, or its head does
+        not answer."""
         ...
 
 

@@ -54,7 +54,8 @@ from shared.events.data import (
 from shared.events.types import CapacityClass
 from shared.messaging import EventPublisher, HandlerWithDeps
 from shared.pool_knowledge import PoolRecord, PoolsKnowledge, observe
-from shared.pools import NodeSightings, OwnersSpend
+from shared.pools import NodeSightings, OwnersSpend, PoolsStatus
+from shared.ray_head import RayHeadUnavailableError
 
 SERVICE = "scaler"
 log = structlog.get_logger()
@@ -116,6 +117,10 @@ class Deps:
     spend_since: datetime | None = None
     knowledge: dict[str, PoolRecord] = field(default_factory=dict)
     """What has been learnt of each pool, by this process and those before it."""
+    last_status: PoolsStatus | None = None
+    """The status the last pass published: what is said again, with the head away."""
+    ray_head_away_since: datetime | None = None
+    """Since when Ray's head has not answered a pass; None while it answers."""
 
 
 async def on_job_queued(event: Event[JobQueued], deps: Deps) -> None:
@@ -214,7 +219,15 @@ async def reconcile(deps: Deps) -> ScalePlan:
     # Before the listing: each node listed was alive at some instant after this.
     seen_at = deps.clock.now()
     provided = await deps.provider.nodes()
-    observed = await deps.observer.nodes()
+    try:
+        observed = await deps.observer.nodes()
+    except RayHeadUnavailableError as away:
+        await _while_the_head_is_away(deps, away)
+        return ScalePlan(pools=())
+    if deps.ray_head_away_since is not None:
+        away_s = (seen_at - deps.ray_head_away_since).total_seconds()
+        log.info("ray.head_back", away_s=round(away_s, 1))
+        deps.ray_head_away_since = None
     by_pool = {p.name: p for p in deps.pools}
     now = deps.clock.now()
     provided, never_started = await _remove_unstarted(deps, provided, now)
@@ -254,6 +267,7 @@ async def reconcile(deps: Deps) -> ScalePlan:
         knowledge=deps.knowledge,
     )
     await deps.status.publish_status(status)
+    deps.last_status = status
     metrics.PASS.replace(metrics.pass_samples(status, demands))
     stocked_out = set(never_started) | await _resize(deps, decided, by_pool, provided, now)
     await _learn(deps, provided, taken_back=taken_back, stocked_out=stocked_out, now=now)
@@ -359,6 +373,22 @@ async def _release_idle(deps: Deps, name: str, pool: str) -> None:
         return
     await deps.provider.release(name)
     await _node_released(deps, name, pool, ReleaseReason.SCALED_DOWN)
+
+
+async def _while_the_head_is_away(deps: Deps, away: RayHeadUnavailableError) -> None:
+    """No pass without Ray: which nodes are busy, idle or gone is Ray's to say, and a node
+    missing from a head that is away is not lost. Nothing is placed, grown or released
+    until it answers; the status says since when it is away."""
+    now = deps.clock.now()
+    if deps.ray_head_away_since is None:
+        deps.ray_head_away_since = now
+        log.warning("ray.head_away", error=str(away))
+    if deps.last_status is not None:
+        await deps.status.publish_status(
+            deps.last_status.model_copy(
+                update={"updated_at": now, "ray_head_away_since": deps.ray_head_away_since}
+            )
+        )
 
 
 async def _remove_unstarted(

@@ -53,7 +53,8 @@ class PoolProvider(Protocol):
 
 
 class ClusterObserver(Protocol):
-    """Ray's own view of its nodes: free resources and how long each has been idle."""
+    """Ray's own view of its nodes: free resources and how long each has been idle. Both
+    calls raise `shared.ray_head.RayHeadUnavailableError` while Ray's head does not answer."""
 
     async def nodes(self) -> dict[str, ObservedNode]:
         """Live nodes by spotrain node name; nodes spotrain did not start are left out."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -49,6 +49,7 @@ from shared.events.data import (
 from shared.events.types import CapacityClass
 from shared.messaging import EventPublisher, HandlerWithDeps, RetryLater, Unhandleable
 from shared.pools import gpu_hour_usd
+from shared.ray_head import RayHeadUnavailableError
 from shared.teams import Teams
 from shared.workspace import workspaces_bucket
 
@@ -64,6 +65,12 @@ class AdmissionView:
 
     records: dict[str, JobRecord] = field(default_factory=dict)
     read_at: float | None = None
+
+
+@dataclass
+class HeadWatch:
+    away_since: datetime | None = None
+    """Since when Ray's head has not answered the tracker; None while it answers."""
 
 
 @dataclass(frozen=True)
@@ -111,6 +118,7 @@ class Deps:
     counts against its owner's quota for that long (the next request waits, and is given
     its quota by `admit_waiting`); team quotas hold regardless, by compare-and-set."""
     monotonic: Callable[[], float] = time.monotonic
+    head: HeadWatch = field(default_factory=HeadWatch)
 
 
 async def on_job_requested(event: Event[JobRequested], deps: Deps) -> None:
@@ -169,10 +177,14 @@ async def on_job_placed(event: Event[JobPlaced], deps: Deps) -> None:
         return
     before = record.current
     if transition.reason is Reason.REPLACED and before is not None:
-        status = await deps.ray.status(before.submission_id)
-        if status is not None and status.state is not RayJobState.PENDING:
-            return  # it started (or ended) where it was first placed: the tracker follows
-        await deps.ray.stop(before.submission_id)
+        try:
+            status = await deps.ray.status(before.submission_id)
+            if status is not None and status.state is not RayJobState.PENDING:
+                return  # it started (or ended) where it was first placed: the tracker follows
+            await deps.ray.stop(before.submission_id)
+        except RayHeadUnavailableError as away:
+            # Whether it started where it was first placed is Ray's to say.
+            raise RetryLater(5.0, "Ray's head does not answer") from away
     if await _apply(transition, revision, deps) is None:
         raise RetryLater(0.2, f"job {placement.job_id} moved on while it was being placed")
     attempt = transition.record.current
@@ -195,7 +207,8 @@ async def on_job_cancel_requested(event: Event[JobCancelRequested], deps: Deps) 
     await _apply(transition, revision, deps)
     attempt = transition.record.current
     if transition.record.cancel_requested and attempt and policy.in_ray(attempt):
-        await deps.ray.stop(attempt.submission_id)
+        # With the head away, the tracker stops it once the head answers again.
+        await _unless_head_away(deps.ray.stop(attempt.submission_id), "stop")
     log.info("job.cancel_requested", requested_by=event.data.requested_by)
 
 
@@ -211,8 +224,9 @@ async def on_job_resumed(event: Event[JobResumed], deps: Deps) -> None:
     lost = record.current
     if lost is not None and lost.number + 1 == resumed.attempt and policy.in_ray(lost):
         # Ray may know better than the record: an attempt that ended on its own (success,
-        # its own error) just before its node went is not resumed as if preempted.
-        await _track(record, lost, revision, deps)
+        # its own error) just before its node went is not resumed as if preempted. With
+        # the head away, Ray knows nothing better.
+        await _unless_head_away(_track(record, lost, revision, deps), "track")
         found = await deps.store.get(resumed.job_id)
         if found is None:
             msg = f"job {resumed.job_id} vanished while it was being resumed"
@@ -222,8 +236,9 @@ async def on_job_resumed(event: Event[JobResumed], deps: Deps) -> None:
     transition = policy.resume(record, resumed, deps.clock.now())
     if transition.reason is Reason.RESUMED and lost is not None and policy.in_ray(lost):
         # Whatever survives of it (a driver on a live node, a half-dead job) must not
-        # write checkpoints beside the next attempt.
-        await deps.ray.stop(lost.submission_id)
+        # write checkpoints beside the next attempt. A head away took it down with it, or
+        # (one that keeps its state) knows it lost: nothing to stop.
+        await _unless_head_away(deps.ray.stop(lost.submission_id), "stop")
     if await _apply(transition, revision, deps) is None:
         raise RetryLater(0.2, f"job {resumed.job_id} moved on while it was being resumed")
     attempt = transition.record.current
@@ -249,7 +264,7 @@ async def on_job_failed(event: Event[JobFailed], deps: Deps) -> None:
     lost = record.current
     transition = policy.abandon(record, event.data, deps.clock.now())
     if transition.reason is Reason.ABANDONED and lost is not None and policy.in_ray(lost):
-        await deps.ray.stop(lost.submission_id)
+        await _unless_head_away(deps.ray.stop(lost.submission_id), "stop")
     await _apply(transition, revision, deps)
 
 
@@ -260,22 +275,48 @@ async def track_attempts(deps: Deps) -> None:
     attempts already running.
     """
     records = await deps.store.all()
-    for record, revision in records:
-        attempt = record.current
-        if attempt is not None and policy.tracked(record):
-            with structlog.contextvars.bound_contextvars(job_id=record.job_id):
-                if await _stop_past_max_hours(record, revision, attempt, deps):
-                    continue  # tracked from its new revision on the next pass
-                if policy.give_way_overdue(attempt, deps.clock.now(), deps.give_way_grace_s):
-                    # It did not checkpoint and stop in time: Ray stops it, and it goes on
-                    # from the last checkpoint it wrote.
-                    await deps.ray.stop(attempt.submission_id)
-                await _track(record, attempt, revision, deps)
+    try:
+        for record, revision in records:
+            attempt = record.current
+            if attempt is not None and policy.tracked(record):
+                with structlog.contextvars.bound_contextvars(job_id=record.job_id):
+                    await _track_one(record, attempt, revision, deps)
+    except RayHeadUnavailableError as away:
+        # Nothing Ray says now is news of a job: the pass stops, and the next one asks
+        # again. No attempt fails and none is resubmitted while the head is away.
+        if deps.head.away_since is None:
+            deps.head.away_since = deps.clock.now()
+            log.warning("ray.head_away", error=str(away))
+    else:
+        if deps.head.away_since is not None:
+            away_s = (deps.clock.now() - deps.head.away_since).total_seconds()
+            log.info("ray.head_back", away_s=round(away_s, 1))
+            deps.head.away_since = None
     live = {r.current.submission_id for r, _ in records if r.current is not None}
     for gone in deps.worker_checks.keys() - live:
         del deps.worker_checks[gone]
     # As read at the start of the pass: what this pass changed shows on the next.
     metrics.RECORDS.replace(metrics.record_samples(record for record, _ in records))
+
+
+async def _track_one(record: JobRecord, attempt: Attempt, revision: Revision, deps: Deps) -> None:
+    if await _stop_past_max_hours(record, revision, attempt, deps):
+        return  # tracked from its new revision on the next pass
+    if policy.give_way_overdue(attempt, deps.clock.now(), deps.give_way_grace_s):
+        # It did not checkpoint and stop in time: Ray stops it, and it goes on from the
+        # last checkpoint it wrote.
+        await deps.ray.stop(attempt.submission_id)
+    await _track(record, attempt, revision, deps)
+
+
+async def _unless_head_away(call: Awaitable[object], doing: str) -> None:
+    """`call`, a step the tracker repairs if it is skipped: with Ray's head away it is
+    skipped rather than failing the event (a handler retried past its limit would
+    dead-letter a good event during an outage)."""
+    try:
+        await call
+    except RayHeadUnavailableError:
+        log.info("ray.head_away_skipped", doing=doing)
 
 
 async def _stop_past_max_hours(
@@ -533,7 +574,8 @@ async def _ask_to_give_way(job_id: str, cause: InterruptionCause, for_job: str, 
         metrics.GIVE_WAY_ASKED.labels(cause.value).inc()
         log.info("job.asked_to_give_way", job_id=job_id, cause=cause.value, for_job=for_job)
         if attempt.state is AttemptState.SUBMITTED:
-            await deps.ray.stop(attempt.submission_id)
+            # Overdue by the grace, the tracker stops it when the head answers.
+            await _unless_head_away(deps.ray.stop(attempt.submission_id), "stop")
             return
         request = CheckpointRequest(
             job_id=job_id, attempt=attempt.number, requested_at=deps.clock.now()
@@ -677,7 +719,13 @@ async def _submit(record: JobRecord, attempt: Attempt, deps: Deps) -> None:
                 raise RetryLater(5.0, msg)
             values[variable] = value
         plan = plan.model_copy(update={"env_vars": {**plan.env_vars, **values}})
-    await deps.ray.submit(plan, working_dir)
+    try:
+        await deps.ray.submit(plan, working_dir)
+    except RayHeadUnavailableError:
+        # The attempt stays handed over in its record: once the head answers, Ray has
+        # not heard of it and the tracker submits it (`Reason.NOT_SUBMITTED`).
+        log.info("attempt.waits_for_the_head", submission_id=plan.submission_id)
+        return
     log.info("attempt.submitted", submission_id=plan.submission_id)
 
 

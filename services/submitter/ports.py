@@ -37,7 +37,9 @@ class JobStore(Protocol):
 
 
 class RayJobs(Protocol):
-    """Ray's Job Submission API."""
+    """Ray's Job Submission API. `submit`, `status`, `stop` and `logs` raise
+    `shared.ray_head.RayHeadUnavailableError` while the head does not answer; the others
+    then say they cannot tell (None)."""
 
     async def submit(self, plan: SubmissionPlan, working_dir: Path | None) -> None:
         """Submit one attempt. Idempotent by submission id: submitting an attempt Ray
@@ -45,7 +47,8 @@ class RayJobs(Protocol):
         ...
 
     async def status(self, submission_id: str) -> RayJobStatus | None:
-        """What Ray says of an attempt; None if Ray has never heard of it."""
+        """What Ray says of an attempt; None if Ray has never heard of it (or forgot it: a
+        head back without its state)."""
         ...
 
     async def stop(self, submission_id: str) -> None:

@@ -242,6 +242,11 @@ class InterruptionCause(StrEnum):
     the team that lent it: not the job's loss either, and no restart budget spent."""
     PRIORITY = "priority"
     """The platform stopped it, checkpoint first, to run a higher priority job of its team."""
+    HEAD_LOST = "head-lost"
+    """The platform's own Ray node went, and the attempt with it: the head (a head back
+    without its state no longer knows the attempt; one back with it says the attempt's
+    supervisor died there), or the node off the pools that ran its driver. Not the job's
+    loss: no restart budget spent, and it goes on on the same capacity."""
     SHORT_OF_WORKERS = "short-of-workers"
     """An elastic attempt held fewer than its MIN workers for too long (their nodes went
     and no room came back): the platform stopped it to go on as a new attempt from its

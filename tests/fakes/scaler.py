@@ -11,6 +11,7 @@ from shared.cost.node_ends import NodeEnd
 from shared.events.data import NodeEndSource
 from shared.pool_knowledge import PoolsKnowledge
 from shared.pools import NodeSightings, OwnersSpend, PoolsStatus
+from shared.ray_head import RayHeadUnavailableError
 from tests.fakes.clock import FixedClock
 
 
@@ -100,8 +101,13 @@ class FakeObserver:
         self.took_work: set[str] = set()
         """Nodes that took work since they were seen idle: Ray refuses to drain them."""
         self.drained: list[str] = []
+        self.away = False
+        """Ray's head does not answer."""
 
     async def nodes(self) -> dict[str, ObservedNode]:
+        if self.away:
+            msg = "Timed out while waiting for GCS to become available."
+            raise RayHeadUnavailableError(msg)
         return await self._cluster.observed()
 
     async def drain_idle(self, node: str) -> str | None:

@@ -22,6 +22,7 @@ from shared.events.data import JobPlaced
 from shared.events.types import ObjectRef
 from shared.messaging.memory import InMemoryBus
 from shared.pools import OwnersSpend, PoolsStatus
+from shared.ray_head import RayHeadUnavailableError
 from shared.teams import TeamHolds, Teams, TeamsStatus
 from tests.fakes.clock import FixedClock
 
@@ -82,17 +83,31 @@ class FakeRay:
         self.worker_lookups: list[str] = []
         self.printed: dict[str, str] = {}
         """Submission id -> what its command printed."""
+        self.away = False
+        """Ray's head does not answer: `submit`, `status`, `stop` and `logs` raise."""
+
+    def _answer(self) -> None:
+        if self.away:
+            msg = "Failed to connect to Ray at address: http://head:8265."
+            raise RayHeadUnavailableError(msg)
+
+    def forget(self) -> None:
+        """A head back without its state: it has heard of no job."""
+        self.statuses.clear()
 
     async def logs(self, submission_id: str) -> str | None:
+        self._answer()
         return self.printed.get(submission_id)
 
     async def submit(self, plan: SubmissionPlan, working_dir: Path | None) -> None:
+        self._answer()
         if plan.submission_id in self.statuses:
             return
         self.submitted.append((plan, working_dir))
         self.statuses[plan.submission_id] = RayJobStatus(state=RayJobState.PENDING)
 
     async def status(self, submission_id: str) -> RayJobStatus | None:
+        self._answer()
         return self.statuses.get(submission_id)
 
     async def worker_nodes(self, submission_id: str) -> tuple[str, ...] | None:
@@ -106,6 +121,7 @@ class FakeRay:
         return self.lost_workers.get(submission_id, ())
 
     async def stop(self, submission_id: str) -> None:
+        self._answer()
         self.stopped.append(submission_id)
         if submission_id in self.statuses:
             self.statuses[submission_id] = RayJobStatus(state=RayJobState.STOPPED)

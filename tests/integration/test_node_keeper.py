@@ -124,3 +124,41 @@ def test_the_keeper_records_its_node_before_the_node_starts(tmp_path: Path) -> N
         assert [n.name for n in folder.running()] == ["cpu-1"]
     finally:
         stop_session(node.record.pid, grace_s=0)
+
+
+def test_a_node_that_fails_by_itself_is_started_again_without_what_it_left(
+    tmp_path: Path,
+) -> None:
+    """As Kubernetes restarts a pod's container: a worker's `ray start` that exits with an
+    error (its raylet lost its head for good) is started again, once whatever it left is
+    killed, orphans in sessions of their own included (Ray's job drivers); the node does
+    not end."""
+    folder = NodeFolder(tmp_path)
+    runs = tmp_path / "runs"
+    orphan_pid = tmp_path / "orphan.pid"
+    script = (
+        f"echo run >> {runs}\n"
+        f"if [ $(wc -l < {runs}) -eq 1 ]; then\n"
+        # A driver in its own session whose parent is gone: reparented to the keeper.
+        f'  setsid sh -c "echo \\$\\$ > {orphan_pid}; exec sleep 300" &\n'
+        f"  sleep 0.5; exit 1\n"
+        f"fi\n"
+        f"exec sleep 300\n"
+    )
+    node = kept(folder, "cpu-1", ["sh", "-c", script])
+    try:
+        deadline = time.monotonic() + 15
+        while not runs.exists() or len(runs.read_text().splitlines()) < 2:
+            assert time.monotonic() < deadline, "the node was not started again"
+            time.sleep(0.05)
+        orphan = int(orphan_pid.read_text())
+        assert not Path(f"/proc/{orphan}").exists() or (
+            Path(f"/proc/{orphan}/stat").read_text().split()[2] in ("Z", "X")
+        ), "the orphan of the failed run outlived it"
+        assert is_running(node.record)
+        assert not folder.ended_file("cpu-1").exists()
+    finally:
+        stop_session(node.record.pid, grace_s=2)
+    end = folder.recorded_end("cpu-1")
+    assert end is not None
+    assert end.source is NodeEndSource.RECORDED

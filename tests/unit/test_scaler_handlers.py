@@ -473,3 +473,33 @@ async def test_an_attempt_placed_on_a_node_that_went_is_placed_again(
     await reconcile(deps)
     placements = [(d.job_id, d.nodes) for kind, d in published(deps) if "placed" in kind]
     assert placements[-1] == ("job-1", ("gpu-spot-3",))
+
+
+async def test_with_the_head_away_nothing_is_released_placed_or_grown(
+    deps: Deps, cluster: FakeCluster, clock: FixedClock
+) -> None:
+    """A node Ray's head cannot vouch for is not idle, and a queued job is not placed on a
+    cluster that cannot run it: the status says since when the head is away."""
+    await on_job_queued(queued("job-1"), deps)
+    await reconcile(deps)
+    started = JobStarted(job_id="job-1", attempt=1, submission_id="job-1-1")
+    await on_job_settled(new_event(started, source="submitter", time=NOW), deps)
+    cluster.idle_s["gpu-spot-1"] = 61
+    assert isinstance(deps.observer, FakeObserver)
+    deps.observer.away = True
+    clock.advance(timedelta(minutes=2))
+    before = list(published(deps))
+    await on_job_queued(queued("job-2"), deps)
+    await reconcile(deps)
+    await reconcile(deps)
+    assert cluster.released == []
+    assert list(cluster.launched) == ["gpu-spot-1"]
+    assert published(deps) == before
+    assert isinstance(deps.status, RecordingStatusBoard)
+    assert deps.status.latest is not None
+    assert deps.status.latest.ray_head_away_since == clock.now()
+    deps.observer.away = False
+    await reconcile(deps)
+    assert deps.status.latest.ray_head_away_since is None
+    placed = published(deps)[-1][1]
+    assert (placed.job_id, placed.nodes) == ("job-2", ("gpu-spot-1",)), "placed once it is back"

@@ -622,3 +622,66 @@ async def test_a_burst_is_admitted_from_one_read_of_the_records_and_its_own_admi
     assert store.reads == 1
     queued = [data for kind, data in published(deps) if kind == "queued"]
     assert len(queued) == 4, "the owner's quota of 4 GPUs, no more"
+
+
+async def test_a_head_away_fails_nothing_and_one_back_without_its_state_resumes_what_ran(
+    deps: Deps,
+) -> None:
+    """While Ray's head is away the tracker changes nothing and a placed attempt waits in
+    its record; a head back without its state has heard of no job: the attempt that ran is
+    the head's loss (a resume, no restart spent), the one that never ran is handed to Ray
+    once."""
+    await placed(deps, job_requested("ran", max_restarts=0))
+    ray(deps).set("ran-1", RayJobState.RUNNING, node="gpu-spot-1")
+    await track_attempts(deps)
+    assert types(deps)[-1] == "started"
+
+    ray(deps).away = True
+    await track_attempts(deps)
+    await placed(deps, job_requested("waited"), node="gpu-spot-2")
+    await track_attempts(deps)
+    assert types(deps)[-2:] == ["accepted", "queued"], "nothing but the new job's news"
+    assert [plan.submission_id for plan, _ in ray(deps).submitted] == ["ran-1"]
+    assert deps.head.away_since is not None
+
+    ray(deps).forget()
+    ray(deps).away = False
+    await track_attempts(deps)
+    await track_attempts(deps)
+    assert deps.head.away_since is None
+    [interrupted] = [data for kind, data in published(deps) if kind == "interrupted"]
+    assert (interrupted.job_id, interrupted.cause) == ("ran", InterruptionCause.HEAD_LOST)
+    assert [plan.submission_id for plan, _ in ray(deps).submitted] == ["ran-1", "waited-1"]
+    assert isinstance(deps.store, InMemoryJobStore)
+    ran = deps.store.records["ran"][0]
+    assert ran.interruptions == 0, "a head's loss spends none of the job's restart budget"
+
+
+async def test_a_head_back_with_its_state_leaves_what_carried_on(deps: Deps) -> None:
+    await placed(deps, job_requested("ran"))
+    ray(deps).set("ran-1", RayJobState.RUNNING, node="gpu-spot-1")
+    await track_attempts(deps)
+    before = types(deps)
+    ray(deps).away = True
+    await track_attempts(deps)
+    ray(deps).away = False
+    await track_attempts(deps)
+    assert types(deps) == before
+    assert isinstance(deps.store, InMemoryJobStore)
+    assert deps.store.records["ran"][0].state.value == "running"
+
+
+async def test_a_cancel_while_the_head_is_away_stops_the_attempt_once_it_is_back(
+    deps: Deps,
+) -> None:
+    await placed(deps, job_requested("ran"))
+    ray(deps).set("ran-1", RayJobState.RUNNING, node="gpu-spot-1")
+    await track_attempts(deps)
+    ray(deps).away = True
+    cancel = new_event(JobCancelRequested(job_id="ran", requested_by="alice"), source="t", time=NOW)
+    await on_job_cancel_requested(cancel, deps)
+    await track_attempts(deps)
+    assert ray(deps).stopped == []
+    ray(deps).away = False
+    await track_attempts(deps)
+    assert ray(deps).stopped == ["ran-1"]

@@ -771,3 +771,52 @@ def test_a_waiting_job_behind_one_of_its_class_that_had_to_wait(
     blocked = {policy.waiting_class(record): (2, 5)}
     assert policy.waits_behind(record, blocked) is expected
     assert not policy.waits_behind(record, {("nlp", CapacityClass.SPOT): (1, 9)})
+
+
+HEAD_GONE = status(
+    R.FAILED,
+    error_type="JOB_SUPERVISOR_ACTOR_START_FAILURE",
+    message="Unexpected error occurred: failed to get job supervisor.",
+)
+
+
+def test_a_running_attempt_ray_no_longer_knows_was_lost_with_the_head() -> None:
+    """A head back without its state knows none of the jobs it ran: each running attempt
+    went with the cluster, and goes on as a new one, on the platform's account."""
+    running = policy.on_ray_status(queued_record(), status(R.RUNNING, node="n1"), NOW).record
+    transition = policy.on_ray_status(running, None, NOW)
+    assert transition.reason is Reason.NODE_LOST
+    lost = transition.record.attempts[-1]
+    assert (lost.state, lost.cause) == (A.LOST, InterruptionCause.HEAD_LOST)
+    [fact] = transition.facts
+    assert isinstance(fact.data, JobInterrupted)
+    assert fact.data.cause is InterruptionCause.HEAD_LOST
+    assert transition.record.interruptions == 0, "a head's loss spends no restart"
+
+
+@pytest.mark.parametrize(
+    ("workers", "ray", "lost_workers", "cause"),
+    [
+        # A multi-node driver runs on the head: its supervisor dying there is the head's.
+        pytest.param(2, HEAD_GONE, (), InterruptionCause.HEAD_LOST, id="driver-on-the-head"),
+        pytest.param(2, NODE_DIED, (), InterruptionCause.HEAD_LOST, id="supervisor-died-there"),
+        # Its workers' node died too: that loss is the job's capacity's.
+        pytest.param(2, HEAD_GONE, ("n2",), InterruptionCause.NODE_LOST, id="workers-lost-too"),
+        # A single-node driver runs on its own pool node: its loss is the node's.
+        pytest.param(1, HEAD_GONE, (), InterruptionCause.NODE_LOST, id="single-node"),
+    ],
+)
+def test_a_supervisor_lost_off_the_pools_is_the_heads_loss(
+    workers: int, ray: RayJobStatus, lost_workers: tuple[str, ...], cause: InterruptionCause
+) -> None:
+    record = queued_record(request(1, workers))
+    running = policy.on_ray_status(record, status(R.RUNNING), NOW).record
+    transition = policy.on_ray_status(running, ray, NOW, lost_worker_nodes=lost_workers)
+    lost = transition.record.attempts[-1]
+    assert (lost.state, lost.cause) == (A.LOST, cause)
+
+
+def test_an_attempt_ray_forgot_before_it_ran_is_handed_to_it_again() -> None:
+    transition = policy.on_ray_status(queued_record(), None, NOW)
+    assert transition.reason is Reason.NOT_SUBMITTED
+    assert transition.record == queued_record()

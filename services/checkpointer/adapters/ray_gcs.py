@@ -12,6 +12,7 @@ from typing import Any
 
 import structlog
 
+from shared.ray_head import head_unavailable
 from shared.resources import NODE_LABEL
 
 log = structlog.get_logger()
@@ -23,7 +24,15 @@ class RayGcsNodes:
         self._client: Any = None
 
     async def drain(self, node: str, deadline: datetime) -> bool:
-        return await asyncio.to_thread(self._drain, node, deadline)
+        try:
+            return await asyncio.to_thread(self._drain, node, deadline)
+        except Exception as error:
+            if not head_unavailable(error):
+                raise
+            # The notice is no less real: its checkpoint requests go out all the same.
+            self._client = None
+            log.warning("node.drain_head_away", node=node, error=str(error))
+            return False
 
     def _drain(self, node: str, deadline: datetime) -> bool:
         # Imported here: Ray is slow to import, and only this adapter needs it.

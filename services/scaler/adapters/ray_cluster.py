@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from services.scaler.model import Room
 from services.scaler.ports import ObservedNode
+from shared.ray_head import RayHeadUnavailableError, head_unavailable
 from shared.resources import NODE_LABEL
+
+T = TypeVar("T")
 
 _RUNNING, _IDLE, _DRAINING = 1, 3, 4  # ray.core.generated.autoscaler_pb2.NodeStatus
 _ALIVE, _DEAD = 0, 1  # ray.core.generated.gcs_pb2.GcsNodeInfo.GcsNodeState
@@ -22,10 +26,22 @@ class RayClusterObserver:
         self._client: Any = None
 
     async def nodes(self) -> dict[str, ObservedNode]:
-        return await asyncio.to_thread(self._nodes)
+        return await self._ask(self._nodes)
 
     async def drain_idle(self, node: str) -> str | None:
-        return await asyncio.to_thread(self._drain_idle, node)
+        return await self._ask(self._drain_idle, node)
+
+    async def _ask(self, call: Callable[..., T], *args: Any) -> T:
+        """`call` in a worker thread; a GCS that does not answer is
+        `RayHeadUnavailableError`, and the next call connects afresh (a head back without
+        its state is another cluster)."""
+        try:
+            return await asyncio.to_thread(call, *args)
+        except Exception as error:
+            if head_unavailable(error):
+                self._client = None
+                raise RayHeadUnavailableError(str(error)) from error
+            raise
 
     def _gcs(self) -> Any:
         # Imported here: Ray is slow to import, and only this adapter needs it.

@@ -6,11 +6,15 @@ The SDK is synchronous; each call runs in a worker thread so the event loop stay
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from services.submitter.model import RayJobState, RayJobStatus, SubmissionPlan
+from shared.ray_head import RayHeadUnavailableError, head_unavailable
 from shared.resources import NODE_LABEL, POOL_LABEL
+
+T = TypeVar("T")
 
 TRAIN_WORKER_CLASS = "RayTrainWorker"
 """The actor class of each Ray Train worker (Train v2's worker group)."""
@@ -34,6 +38,17 @@ class RayJobSubmission:
         if self._client is None:
             self._client = JobSubmissionClient(self._address)
         return self._client
+
+    async def _ask(self, call: Callable[[], T]) -> T:
+        """`call` in a worker thread; a head that does not answer is `RayHeadUnavailableError`,
+        and the next call connects afresh (a head back without its state is a new cluster)."""
+        try:
+            return await asyncio.to_thread(call)
+        except Exception as error:
+            if head_unavailable(error):
+                self._client = None
+                raise RayHeadUnavailableError(str(error)) from error
+            raise
 
     async def submit(self, plan: SubmissionPlan, working_dir: Path | None) -> None:
         runtime_env: dict[str, Any] = {"env_vars": plan.env_vars}
@@ -60,7 +75,7 @@ class RayJobSubmission:
                 if "already exists" not in str(error):
                     raise
 
-        await asyncio.to_thread(submit)
+        await self._ask(submit)
 
     async def status(self, submission_id: str) -> RayJobStatus | None:
         def status() -> RayJobStatus | None:
@@ -81,7 +96,7 @@ class RayJobSubmission:
                 pool=pool,
             )
 
-        return await asyncio.to_thread(status)
+        return await self._ask(status)
 
     async def worker_nodes(self, submission_id: str) -> tuple[str, ...] | None:
         def worker_nodes() -> tuple[str, ...] | None:
@@ -137,7 +152,7 @@ class RayJobSubmission:
                     return None
                 raise
 
-        return await asyncio.to_thread(logs)
+        return await self._ask(logs)
 
     async def lost_worker_nodes(self, submission_id: str) -> tuple[str, ...] | None:
         def lost_worker_nodes() -> tuple[str, ...] | None:
@@ -188,4 +203,4 @@ class RayJobSubmission:
                 if "404" not in str(error) and "does not exist" not in str(error):
                     raise
 
-        await asyncio.to_thread(stop)
+        await self._ask(stop)

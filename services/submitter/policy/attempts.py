@@ -146,6 +146,31 @@ _NODE_LOSS_ERRORS = frozenset(
 )
 
 
+FORGOTTEN_BY_RAY = (
+    "Ray's head was lost and came back without its state: the attempt went with it (it goes "
+    "on from its latest checkpoint, no restart spent)"
+)
+
+
+def driver_lost_off_the_pools(
+    record: JobRecord, status: RayJobStatus, *, checkpoint_requested: bool, workers_lost: bool
+) -> bool:
+    """Whether a failed attempt lost its driver on the platform's own Ray node, not on its
+    capacity: a multi-node driver runs on the head (or the drivers' nodes), off the pools,
+    and Ray saying its supervisor died there means that node went (a head back with its
+    state reports so of every driver it ran). Not the job's loss."""
+    attempt = record.current
+    return (
+        is_multi_node(record)
+        and status.error_type in _NODE_LOSS_ERRORS
+        and status.node is None
+        and attempt is not None
+        and not attempt.nodes
+        and not checkpoint_requested
+        and not workers_lost
+    )
+
+
 def classify_failure(
     status: RayJobStatus, *, checkpoint_requested: bool, workers_lost: bool = False
 ) -> FailureKind:
@@ -178,7 +203,7 @@ def on_ray_status(
     if attempt is None or attempt.state not in (AttemptState.SUBMITTED, AttemptState.RUNNING):
         return Transition(Reason.UNCHANGED, record)
     if status is None:
-        return Transition(Reason.NOT_SUBMITTED, record)
+        return _forgotten(record, attempt, now)
     job_id, n = record.job_id, attempt.number
     match status.state:
         case RayJobState.PENDING:
@@ -225,6 +250,17 @@ def on_ray_status(
             )  # fmt: skip
 
 
+def _forgotten(record: JobRecord, attempt: Attempt, now: datetime) -> Transition:
+    """Ray has not heard of the attempt."""
+    if attempt.state is AttemptState.RUNNING:
+        # Ray ran it and no longer knows it: a head back without its state, which took the
+        # attempt's processes down with the cluster.
+        return interrupt(record, attempt, InterruptionCause.HEAD_LOST, now, FORGOTTEN_BY_RAY)
+    # Never seen running: handed to Ray again as it is (the process died before Ray heard
+    # of it, or a head back without its state forgot it before it ran).
+    return Transition(Reason.NOT_SUBMITTED, record)
+
+
 def _failed(  # on_ray_status's inputs, passed on
     record: JobRecord,
     attempt: Attempt,
@@ -239,6 +275,13 @@ def _failed(  # on_ray_status's inputs, passed on
     or its own code failed."""
     job_id, n = record.job_id, attempt.number
     message = status.message or "the job failed"
+    if driver_lost_off_the_pools(
+        record,
+        status,
+        checkpoint_requested=checkpoint_requested,
+        workers_lost=bool(lost_worker_nodes),
+    ):
+        return interrupt(record, attempt, InterruptionCause.HEAD_LOST, now, message)
     kind = classify_failure(
         status, checkpoint_requested=checkpoint_requested, workers_lost=bool(lost_worker_nodes)
     )
