@@ -60,13 +60,18 @@ $(TOOLS)/prometheus:
 $(TOOLS)/chromium:
 	tools/install-chromium $(TOOLS)
 
+# redis-server for `spotrain up --ray-ft` (the Ray head's state kept across its loss) and
+# its tests, from Debian's packages (apt-get download, no root install) or the one on PATH.
+$(TOOLS)/redis-server:
+	tools/install-redis $(TOOLS)
+
 # The reference site, into .site/: --strict fails on a link to a page or heading that is
 # not there.
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
 
 # The slowest tests are listed at the end: the suite's time on 2 cores is a budget.
-test: lint docs $(TOOLS)/helm $(TOOLS)/prometheus $(TOOLS)/chromium
+test: lint docs $(TOOLS)/helm $(TOOLS)/prometheus $(TOOLS)/chromium $(TOOLS)/redis-server
 	$(BIN)/pytest --durations=25
 
 down: $(DEMO_STAMP)

@@ -29,7 +29,7 @@ def register(app: typer.Typer) -> None:
     )(simulate)
 
 
-def up(
+def up(  # noqa: PLR0917  # a typer command: its options are its parameters
     secure: Annotated[
         bool,
         typer.Option(
@@ -61,6 +61,15 @@ def up(
             "lease; another takes over within seconds of its loss.",
         ),
     ] = None,
+    ray_ft: Annotated[
+        bool,
+        typer.Option(
+            "--ray-ft",
+            help="The Ray head keeps its state in Redis (the stack's own redis-server, or "
+            "SPOTRAIN_LOCAL_RAY_REDIS_ADDRESS): a head killed and started again finds its "
+            "jobs running. Without it a head's loss costs each running job a resume.",
+        ),
+    ] = False,
     nats_cluster: Annotated[
         int | None,
         typer.Option(
@@ -81,6 +90,7 @@ def up(
         prometheus=prometheus or env.prometheus,
         nats_servers=nats_cluster or env.nats_servers,
         service_replicas=replicas or env.service_replicas,
+        ray_ft=ray_ft or env.ray_ft,
     )
     statuses = stack.up(
         settings, progress=lambda line: err.print(f"[dim]{line}[/dim]"), markets=markets

@@ -29,7 +29,7 @@ from shared.cli.tables import render as render_lines
 from shared.client import PlatformError, SpotrainClient
 from shared.clock import Clock, SystemClock
 from shared.cost import CostRow, GroupBy, cost_rows, format_usd, job_costs, total
-from shared.jobs import JobRecord, JobState
+from shared.jobs import JobRecord, JobState, span_text
 from shared.messaging import BusSettings
 from shared.pools import PoolsStatus
 
@@ -129,7 +129,27 @@ def _header(snapshot: TopSnapshot) -> Text:
     if status is not None:
         line.append("   blocked ")
         line.append(str(status.blocked_jobs), style="bold red" if status.blocked_jobs else "")
+        away = head_away_line(status, snapshot.jobs, snapshot.taken_at)
+        if away is not None:
+            line.append("\n")
+            line.append(away, style="bold red")
     return line
+
+
+def head_away_line(status: PoolsStatus, jobs: Iterable[JobRecord], now: datetime) -> str | None:
+    """What waits on Ray's head while the scaler cannot reach it; None while it answers."""
+    since = status.ray_head_away_since
+    if since is None:
+        return None
+    active = [j for j in jobs if j.is_active]
+    queued = sum(1 for j in active if j.state is JobState.QUEUED)
+    running = len(active) - queued
+    away_s = max(0.0, (now - since).total_seconds())
+    return (
+        f"Ray's head is away since {since:%H:%M:%S} ({span_text(away_s)}): {queued} queued "
+        f"and {running} running jobs wait on it; nothing is placed, grown or released until "
+        "it is back"
+    )
 
 
 _POOL_COLUMNS = (

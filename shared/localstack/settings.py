@@ -6,7 +6,7 @@ import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 Port = int
@@ -77,6 +77,17 @@ class LocalStackSettings(BaseSettings):
     """The web page (`spotrain ui`), on the stack's host only."""
     prometheus_binary: Path | None = None
     """Else `.tools/bin/prometheus` in the repository (tools/install-prometheus), else PATH."""
+    ray_ft: bool = False
+    """The head keeps its state in Redis (Ray's GCS fault tolerance, `spotrain up
+    --ray-ft`): a head killed and started again finds its cluster as it was. A stack once
+    started so stays so: its Redis folder says so."""
+    redis_port: Port = Field(6390, gt=0, lt=65536)
+    """The stack's own Redis, with `ray_ft`."""
+    ray_redis_address: str | None = Field(None, pattern=r"^[^:\s]+:\d{1,5}$")
+    """A Redis of your own for `ray_ft` (host:port), instead of the stack's."""
+    ray_redis_password: SecretStr | None = None
+    redis_binary: Path | None = None
+    """Else `.tools/bin/redis-server` in the repository (tools/install-redis), else PATH."""
 
     def environment(self) -> dict[str, str]:
         """These settings as the variables that give them to another process (`spotrain`
@@ -203,6 +214,14 @@ class LocalStackSettings(BaseSettings):
         return self.home / "ray-auth" / "token"
 
     @property
+    def redis_dir(self) -> Path:
+        return self.home / "redis"
+
+    @property
+    def is_ray_ft(self) -> bool:
+        return self.ray_ft or (self.redis_dir / FT_MARKER).exists()
+
+    @property
     def is_secure(self) -> bool:
         return self.secure or (self.nats_auth_dir / "nats-server.conf").exists()
 
@@ -219,6 +238,10 @@ class LocalStackSettings(BaseSettings):
         """Short on purpose: Ray puts Unix sockets under it, and their paths are limited."""
         digest = hashlib.sha256(str(self.home.resolve()).encode()).hexdigest()[:10]
         return Path("/tmp") / f"spotrain-ray-{digest}"  # noqa: S108  # socket path length
+
+
+FT_MARKER = "fault-tolerant"
+"""In the Redis folder: the stack was started with `--ray-ft`."""
 
 
 def isolated_stack(home: Path) -> LocalStackSettings:
@@ -242,5 +265,6 @@ def isolated_stack(home: Path) -> LocalStackSettings:
         service_port_base=free_port_block(32),
         prometheus_port=free_port(),
         ui_port=free_port(),
+        redis_port=free_port(),
         nats_cluster_port_base=free_port_block(15),
     )

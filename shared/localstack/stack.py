@@ -27,7 +27,7 @@ from pathlib import Path
 import nats.errors
 
 from shared.leases import leases_bucket, read_record
-from shared.localstack import prometheus
+from shared.localstack import prometheus, redis
 from shared.localstack.confinement import confinement_for
 from shared.localstack.market import MARKET_FILE, market_config
 from shared.localstack.nodes import NodeFolder
@@ -42,6 +42,7 @@ from shared.localstack.processes import (
 from shared.localstack.ray_nodes import NodePorts, node_env, node_temp_dir, ray_binary
 from shared.localstack.settings import (
     CLUSTER_NAME,
+    FT_MARKER,
     REPLICAS_FILE,
     SINGLE_SERVER_NAME,
     STORE_SERVERS_FILE,
@@ -51,6 +52,7 @@ from shared.localstack.settings import (
 from shared.messaging.jetstream import JetStreamBus
 from shared.messaging.settings import BusSettings
 from shared.natsauth import NatsConfig, write_nats_config
+from shared.ray_head import redis_refusal
 from shared.spot_traces import SpotMarketOption
 
 SERVICES = ("submitter", "scaler", "preemption_watcher", "checkpointer")
@@ -89,6 +91,13 @@ class Component:
     stop_grace_s: float
     health_headers: Mapping[str, str] = field(default_factory=dict)
     """What the health check sends besides: Ray's token, on a secure stack."""
+    probe: Callable[[], bool] | None = None
+    """The health check of a part that speaks no HTTP, instead of `health_url`."""
+
+    def healthy(self) -> bool:
+        if self.probe is not None:
+            return self.probe()
+        return _healthy(self.health_url, self.health_headers)
 
 
 @dataclass(frozen=True)
@@ -120,6 +129,9 @@ def components(settings: LocalStackSettings) -> list[Component]:
         # for a head that finds a token (~/.ray/auth_token, which any earlier local
         # `ray.init()` writes), and the services were then refused by their own cluster.
         **ray_auth_env(s),
+        # Raylets wait this long for a head that went: one that keeps its state in
+        # Redis may take minutes to be replaced (KubeRay's own worker default).
+        **({"RAY_gcs_rpc_server_reconnect_timeout_s": str(FT_RECONNECT_S)} if s.is_ray_ft else {}),
     }
     auth = nats_auth(s) if s.is_secure else None
     nats = [nats_component(s, server, auth, base_env) for server in s.nats]
@@ -148,6 +160,11 @@ def components(settings: LocalStackSettings) -> list[Component]:
         # place a resumed attempt on the dead node's stale free resources.
         f"--system-config={json.dumps(_HEAD_SYSTEM_CONFIG)}",
         *NodePorts(s.ray_head_port_base).argv(),
+        *(
+            ["--redis-username", "default", "--redis-password", redis.password(s)]
+            if s.is_ray_ft
+            else []
+        ),
     ]
     # Job drivers run on the head: on a secure stack it is confined as the nodes are.
     confined = confinement_for(s, base_env)
@@ -161,6 +178,14 @@ def components(settings: LocalStackSettings) -> list[Component]:
             # Prometheus, which then scrapes the first stack's autoscaler and dashboard.
             "AUTOSCALER_METRIC_PORT": str(s.ray_head_port_base + 6),
             "DASHBOARD_METRIC_PORT": str(s.ray_head_port_base + 7),
+            **(
+                {
+                    "RAY_REDIS_ADDRESS": redis.address(s),
+                    "RAY_external_storage_namespace": redis.namespace(s),
+                }
+                if s.is_ray_ft
+                else {}
+            ),
         },
         ports=(
             Port(s.ray_head_port_base + 2, "SPOTRAIN_LOCAL_RAY_HEAD_PORT_BASE"),
@@ -199,7 +224,21 @@ def components(settings: LocalStackSettings) -> list[Component]:
                     stop_grace_s=25,
                 )
             )
-    parts = [*nats, ray_head, *services]
+    keeper = []
+    if s.is_ray_ft and s.ray_redis_address is None:
+        keeper.append(
+            Component(
+                name=redis.COMPONENT,
+                argv=[redis.find_binary(s) or "redis-server", str(s.redis_dir / "redis.conf")],
+                env=base_env,
+                ports=(Port(s.redis_port, "SPOTRAIN_LOCAL_REDIS_PORT"),),
+                health_url="",
+                endpoint=f"redis://{s.host}:{s.redis_port}",
+                stop_grace_s=5,
+                probe=lambda: redis_refusal(redis.address(s), redis.password(s)) is None,
+            )
+        )
+    parts = [*nats, *keeper, ray_head, *services]
     if not s.is_secure:
         # On a secure stack each person reads only their own and their team's jobs, through
         # the desk; this page reads the platform's records with the stack's own rights, so
@@ -244,6 +283,8 @@ def _runs_prometheus(settings: LocalStackSettings) -> bool:
     stops it and `status` shows it."""
     return settings.prometheus or _pid_file(settings, "prometheus").exists()
 
+
+FT_RECONNECT_S = 600
 
 _HEAD_SYSTEM_CONFIG = {
     "health_check_initial_delay_ms": 1000,
@@ -298,6 +339,8 @@ def up(
     _check_replicas(settings)
     for directory in (settings.run_dir, settings.log_dir, *(n.store_dir for n in settings.nats)):
         directory.mkdir(parents=True, exist_ok=True)
+    if settings.is_ray_ft:
+        _prepare_redis(settings)
     parts = components(settings)
     to_start = [c for c in parts if _running_record(settings, c) is None]
     if markets:
@@ -313,14 +356,16 @@ def up(
         prometheus.write_config(settings, SERVICES)
     started: list[ProcessRecord] = []
     try:
-        # The bus first (a cluster's servers all at once: none is healthy alone), then
-        # what uses it.
-        servers = {server.component for server in settings.nats}
+        # The bus and the head's Redis first (a cluster's servers all at once: none is
+        # healthy alone), then what uses them.
+        servers = {server.component for server in settings.nats} | {redis.COMPONENT}
         first, rest = (
             [c for c in to_start if c.name in servers],
             [c for c in to_start if c.name not in servers],
         )
         for batch in (first, rest):
+            if batch is rest and settings.is_ray_ft and any(c.name == "ray-head" for c in rest):
+                _check_redis(settings)
             records = [_start(settings, c) for c in batch]
             started.extend(records)
             for component in batch:
@@ -332,6 +377,28 @@ def up(
             _pid_file(settings, record.name).unlink(missing_ok=True)
         raise
     return status(settings)
+
+
+def _prepare_redis(settings: LocalStackSettings) -> None:
+    settings.redis_dir.mkdir(parents=True, exist_ok=True)
+    (settings.redis_dir / FT_MARKER).touch()
+    if settings.ray_redis_address is None:
+        if redis.find_binary(settings) is None:
+            msg = (
+                "--ray-ft: no redis-server found (SPOTRAIN_LOCAL_REDIS_BINARY, .tools/bin, "
+                "PATH): run tools/install-redis .tools/bin"
+            )
+            raise StackError(msg)
+        redis.write_config(settings)
+
+
+def _check_redis(settings: LocalStackSettings) -> None:
+    """A head told to keep its state in Redis never starts without it: Ray would start one
+    that loses its cluster with it, while the stack says it is fault tolerant."""
+    why = redis_refusal(redis.address(settings), redis.password(settings))
+    if why is not None:
+        msg = f"--ray-ft: {why}; the Ray head is not started without the Redis that keeps its state"
+        raise StackError(msg)
 
 
 def down(settings: LocalStackSettings, progress: Progress = lambda _: None) -> list[str]:
@@ -354,6 +421,8 @@ def down(settings: LocalStackSettings, progress: Progress = lambda _: None) -> l
             stop_session(record.pid, grace_s=1)
         path.unlink(missing_ok=True)
     (settings.run_dir / MARKET_FILE).unlink(missing_ok=True)
+    # The next `up` starts another cluster: its state under another name in Redis.
+    (settings.run_dir / redis.NAMESPACE_FILE).unlink(missing_ok=True)
     if settings.is_secure:
         # Ray's session: its logs hold what jobs were given (their environments, secrets
         # included); a secure stack keeps none of it once it is down.
@@ -421,7 +490,7 @@ def status(settings: LocalStackSettings) -> list[ComponentStatus]:
         record = _running_record(settings, component)
         if record is None:
             state = State.STOPPED
-        elif _healthy(component.health_url, component.health_headers):
+        elif component.healthy():
             state = State.HEALTHY
         else:
             state = State.UNHEALTHY
@@ -680,6 +749,11 @@ def _check_ports(to_start: list[Component]) -> None:
 
 
 def _start(settings: LocalStackSettings, component: Component) -> ProcessRecord:
+    if component.name == "ray-head":
+        # The address of the head that was killed: `ray start --head` refuses to start
+        # while it names a GCS address that a live local raylet still names (the stack's
+        # nodes, waiting for their head), taking it for a cluster already running here.
+        (settings.ray_temp_dir / "ray_current_cluster").unlink(missing_ok=True)
     record = spawn(
         component.name,
         component.argv,
@@ -702,7 +776,7 @@ def _wait_healthy(
                 last_lines = tail(Path(record.log))
                 msg = f"{name} exited while starting; the end of {record.log}:\n{last_lines}"
                 raise StackError(msg)
-            if _healthy(component.health_url, component.health_headers):
+            if component.healthy():
                 del waiting[name]
         if waiting and time.monotonic() > deadline:
             names = ", ".join(waiting)

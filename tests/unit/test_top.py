@@ -145,6 +145,14 @@ def test_the_header_shows_spend_against_budget_allocation_and_queue() -> None:
     assert max(len(spend), len(use)) <= 80
 
 
+def test_the_header_says_since_when_rays_head_is_away_and_what_waits_on_it() -> None:
+    assert "head is away" not in text_of(snapshot())
+    away = POOLS.model_copy(update={"ray_head_away_since": NOW - timedelta(seconds=75)})
+    line = text_of(snapshot(pools=away)).splitlines()[2]
+    assert line.startswith(f"Ray's head is away since {NOW - timedelta(seconds=75):%H:%M:%S}")
+    assert "1 queued and 1 running jobs wait on it" in line
+
+
 def test_each_pool_is_a_row_with_its_nodes_gpus_and_demand() -> None:
     text = text_of(snapshot())
     assert row(text, "gpu-spot") == [

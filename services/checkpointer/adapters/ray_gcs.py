@@ -12,7 +12,7 @@ from typing import Any
 
 import structlog
 
-from shared.ray_head import head_unavailable
+from shared.ray_head import head_replaced, head_unavailable
 from shared.resources import NODE_LABEL
 
 log = structlog.get_logger()
@@ -25,7 +25,13 @@ class RayGcsNodes:
 
     async def drain(self, node: str, deadline: datetime) -> bool:
         try:
-            return await asyncio.to_thread(self._drain, node, deadline)
+            try:
+                return await asyncio.to_thread(self._drain, node, deadline)
+            except Exception as error:
+                if not head_replaced(error):
+                    raise
+                self._client = None  # made for the head that went
+                return await asyncio.to_thread(self._drain, node, deadline)
         except Exception as error:
             if not head_unavailable(error):
                 raise

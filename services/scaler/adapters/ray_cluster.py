@@ -10,10 +10,11 @@ from typing import Any, TypeVar
 
 from services.scaler.model import Room
 from services.scaler.ports import ObservedNode
-from shared.ray_head import RayHeadUnavailableError, head_unavailable
+from shared.ray_head import RayHeadUnavailableError, head_replaced, head_unavailable
 from shared.resources import NODE_LABEL
 
 T = TypeVar("T")
+_ASK_TIMEOUT_S = 5
 
 _RUNNING, _IDLE, _DRAINING = 1, 3, 4  # ray.core.generated.autoscaler_pb2.NodeStatus
 _ALIVE, _DEAD = 0, 1  # ray.core.generated.gcs_pb2.GcsNodeInfo.GcsNodeState
@@ -36,7 +37,13 @@ class RayClusterObserver:
         `RayHeadUnavailableError`, and the next call connects afresh (a head back without
         its state is another cluster)."""
         try:
-            return await asyncio.to_thread(call, *args)
+            try:
+                return await asyncio.to_thread(call, *args)
+            except Exception as error:
+                if not head_replaced(error):
+                    raise
+                self._client = None
+                return await asyncio.to_thread(call, *args)
         except Exception as error:
             if head_unavailable(error):
                 self._client = None
@@ -53,7 +60,7 @@ class RayClusterObserver:
 
     def _drain_idle(self, node: str) -> str | None:
         gcs = self._gcs()
-        for info in gcs.get_all_node_info().values():
+        for info in gcs.get_all_node_info(timeout=_ASK_TIMEOUT_S).values():
             if info.state == _ALIVE and dict(info.labels).get(NODE_LABEL) == node:
                 # No deadline: Ray's raylet leaves as soon as it agrees, being idle.
                 accepted, refusal = gcs.drain_node(
@@ -65,7 +72,9 @@ class RayClusterObserver:
     def _nodes(self) -> dict[str, ObservedNode]:
         from ray.autoscaler.v2.sdk import get_cluster_resource_state  # noqa: PLC0415
 
-        self._gcs()
+        # Asked first, and within seconds: the resource state has no timeout of its own,
+        # and a head that is away would hold the pass until the client gives up.
+        node_table = self._gcs().get_all_node_info(timeout=_ASK_TIMEOUT_S)
         state = get_cluster_resource_state(self._client)
         observed = {}
         for node in state.node_states:
@@ -87,7 +96,7 @@ class RayClusterObserver:
         # on until the deadline; Ray's cluster state then forgets its labels, its node
         # table does not.
         now_ms = time.time() * 1000
-        for info in self._client.get_all_node_info().values():
+        for info in node_table.values():
             name = dict(info.labels).get(NODE_LABEL)
             if name and info.state == _DEAD and name not in observed:
                 observed[name] = ObservedNode(
