@@ -483,6 +483,34 @@ def read_progress(uri: str, *, storage: CheckpointStorage | None = None) -> Prog
         return None
 
 
+LOGS_FOLDER = "logs"
+KEPT_LOG_BYTES = 1024 * 1024
+"""How much of an attempt's output the platform keeps beside its checkpoints: the end of
+it, where a failure says why."""
+
+
+def attempt_log_key(attempt: int) -> str:
+    return f"{LOGS_FOLDER}/attempt-{attempt}.log"
+
+
+def write_attempt_log(
+    uri: str, attempt: int, output: bytes, *, storage: CheckpointStorage | None = None
+) -> None:
+    """Keep what the attempt printed so far (its last `KEPT_LOG_BYTES`) in the job's store:
+    readable after Ray lost it (a head back without its state, a node gone)."""
+    store, root = _resolve(uri, storage)
+    store.put(_child(root, attempt_log_key(attempt)), output[-KEPT_LOG_BYTES:])
+
+
+def read_attempt_log(
+    uri: str, attempt: int, *, storage: CheckpointStorage | None = None
+) -> str | None:
+    """What the job's store kept of an attempt's output; None when it kept nothing."""
+    store, root = _resolve(uri, storage)
+    raw = store.get(_child(root, attempt_log_key(attempt)))
+    return raw.decode(errors="replace") if raw is not None else None
+
+
 def request_checkpoint(
     uri: str, request: CheckpointRequest, *, storage: CheckpointStorage | None = None
 ) -> None:

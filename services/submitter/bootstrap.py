@@ -99,7 +99,7 @@ async def bootstrap(bus: EventBus, stack: AsyncExitStack) -> ServiceDefinition:
     # People with credentials of their own read jobs through the desk, never the bucket.
     # A person's share of requests is theirs across the replicas, not theirs from each.
     allowances = await KvAllowances.open(bus, bus.prefix)
-    desk = RecordsDesk(bus, deps.store, teams, deps.ray, allowances)
+    desk = RecordsDesk(bus, deps.store, teams, deps.ray, allowances, kept=deps.progress)
 
     return ServiceDefinition(
         name=SERVICE,

@@ -89,6 +89,11 @@ class ProgressReader(Protocol):
         why: its node goes, or the job moves to other capacity."""
         ...
 
+    async def kept_output(self, checkpoint_uri: str, attempt: int) -> str | None:
+        """The end of what an attempt printed, as its launcher kept it beside the job's
+        checkpoints; None when it kept nothing."""
+        ...
+
     async def request_stop(self, checkpoint_uri: str, request: CheckpointRequest) -> None:
         """Ask the attempt to checkpoint and stop (CHECKPOINT_NOW), to give way."""
         ...

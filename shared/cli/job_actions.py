@@ -445,12 +445,12 @@ def logs(job_id: str, follow: bool, attempt: int | None) -> None:
     for item in attempts[:-1] if follow else attempts:
         # Each attempt on its own: one whose logs Ray cannot give does not hide the others.
         try:
-            _print_logs(job_id, item, len(record.attempts) > 1)
+            _print_logs(record, item, len(record.attempts) > 1)
         except CliError as error:
             err.print(f"attempt {item.number}: {error}")
             unread.append(item.number)
     if follow:
-        ended = _follow_logs(job_id, attempts[-1])
+        ended = _follow_logs(record, attempts[-1])
         if ended is not JobState.SUCCEEDED:
             # As the job ended: a script waiting on `logs -f` learns its outcome.
             raise typer.Exit(1)
@@ -922,8 +922,8 @@ def eta_text(eta_s: float | None) -> str:
     return f"eta {hours}:{minutes:02d}:{seconds:02d}"
 
 
-def _print_logs(job_id: str, attempt: Attempt, headed: bool) -> str:
-    text = _logs_of(job_id, attempt)
+def _print_logs(record: JobRecord, attempt: Attempt, headed: bool) -> str:
+    text = _logs_of(record, attempt)
     if headed:
         out.print(f"[bold]── attempt {attempt.number} ({attempt.submission_id}) ──[/]")
     _write_raw(text)
@@ -937,30 +937,53 @@ def _write_raw(text: str) -> None:
     sys.stdout.flush()
 
 
-def _follow_logs(job_id: str, attempt: Attempt) -> JobState | None:
+def _follow_logs(record: JobRecord, attempt: Attempt) -> JobState | None:
     """Print the running attempt's logs as they come, and the next attempt's; the state
     the job ended in."""
+    job_id = record.job_id
     shown = 0
     while True:
-        text = _logs_of(job_id, attempt)
+        text = _logs_of(record, attempt)
         _write_raw(text[shown:])
         shown = len(text)
-        record = _run(lambda: _with_client(lambda c: c.job(job_id)))
-        if record is None or not record.is_active or record.current is None:
-            return record.state if record is not None else None
-        if record.current.submission_id != attempt.submission_id:
+        found = _run(lambda: _with_client(lambda c: c.job(job_id)))
+        if found is None or not found.is_active or found.current is None:
+            return found.state if found is not None else None
+        record = found
+        if record.current is not None and record.current.submission_id != attempt.submission_id:
             attempt, shown = record.current, 0
         time.sleep(1)
 
 
-def _logs_of(job_id: str, attempt: Attempt) -> str:
+def _logs_of(record: JobRecord, attempt: Attempt) -> str:
     """An attempt's output: a person asks the desk (Ray's job API is the submitter's, and
     answers every job's); a role's credential reads Ray's dashboard, with the stack's Ray
-    token where it has one."""
+    token where it has one. What Ray no longer has (a head back without its state, a head
+    away) is read from what the platform kept beside the job's checkpoints."""
+    job_id = record.job_id
     if current_user_is_a_person():
         found = _run(lambda: _with_client(lambda c: c.attempt_logs(job_id, attempt.number)))
         return found or ""
-    return _ray_logs(ray_dashboard(), attempt.submission_id)
+    try:
+        text = _ray_logs(ray_dashboard(), attempt.submission_id)
+    except CliError:
+        kept = _kept_logs(record, attempt)
+        if kept is None:
+            raise
+        return kept
+    return text or _kept_logs(record, attempt) or ""
+
+
+def _kept_logs(record: JobRecord, attempt: Attempt) -> str | None:
+    """The end of the attempt's output as its launcher kept it in the job's store."""
+    if record.checkpoint_uri is None:
+        return None
+    from shared.checkpoints import read_attempt_log  # noqa: PLC0415  # only `logs` reads it
+
+    try:
+        return read_attempt_log(record.checkpoint_uri, attempt.number)
+    except (OSError, ValueError):
+        return None
 
 
 def _ray_logs(dashboard: str, submission_id: str) -> str:

@@ -145,7 +145,8 @@ def logs(
     ] = False,
     attempt: Annotated[int | None, typer.Option(help="One attempt; all by default.")] = None,
 ) -> None:
-    """The job's logs from Ray, across its attempts."""
+    """The job's logs across its attempts: from Ray, else the end of each attempt's output
+    as the platform kept it beside its checkpoints (what Ray lost with its head)."""
     from shared.cli import job_actions  # noqa: PLC0415  # when it runs, not for its help
 
     job_actions.logs(job_id, follow, attempt)

@@ -17,6 +17,7 @@ import signal
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -739,7 +740,7 @@ def _running_record(settings: LocalStackSettings, component: Component) -> Proce
 def _check_ports(to_start: list[Component]) -> None:
     for component in to_start:
         for port in component.ports:
-            host = component.health_url.split("//", 1)[1].split(":", 1)[0]
+            host = urllib.parse.urlsplit(component.health_url or component.endpoint).hostname or ""
             if port_in_use(host, port.number):
                 msg = (
                     f"port {port.number} for {component.name} is already in use by another "

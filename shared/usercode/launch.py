@@ -7,7 +7,9 @@ It gives the command what a script written for no platform needs to survive a sp
 - the node's preemption notice as SIGTERM, as Kubernetes gives a pod, with the notice's
   time to save (the platform's CHECKPOINT_NOW request for this attempt);
 - Ray Train's defaults for where the run's checkpoints live, its name and its workers'
-  capacity (`ray_train_defaults`, armed in every Python process of the command).
+  capacity (`ray_train_defaults`, armed in every Python process of the command);
+- its output kept beside its checkpoints (the last `KEPT_LOG_BYTES`, as often as the
+  folder is synced): readable after Ray lost it with its head or its node.
 It exits as the command did (128 + N for a signal); after a notice, never 0, since the
 attempt was cut short.
 """
@@ -19,14 +21,22 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import Final
+from typing import IO, Final
 
-from shared.checkpoints import checkpoint_request_applies, read_checkpoint_request, storage_for
+from shared.checkpoints import (
+    KEPT_LOG_BYTES,
+    CheckpointStorage,
+    checkpoint_request_applies,
+    read_checkpoint_request,
+    storage_for,
+    write_attempt_log,
+)
 from shared.training import TrainingEnvironment, TrainingEnvironmentError
 from shared.usercode import bootstrap
 from shared.usercode.checkpoint_dir import CheckpointFolder, default_folder
@@ -68,6 +78,37 @@ def exit_code(returncode: int, *, noticed: bool) -> int:
     return EXIT_TERMINATED if noticed and code == 0 else code
 
 
+class KeptOutput:
+    """The command's output (stdout and stderr as one stream, as Ray keeps it), passed on
+    as it comes, its end held to be kept in the job's store."""
+
+    def __init__(self, source: IO[bytes], sink: IO[bytes]) -> None:
+        self._source, self._sink = source, sink
+        self._tail = bytearray()
+        self._lock = threading.Lock()
+        self.version = 0
+        self._thread = threading.Thread(target=self._pump, daemon=True)
+        self._thread.start()
+
+    def _pump(self) -> None:
+        while chunk := os.read(self._source.fileno(), 65536):
+            self._sink.write(chunk)
+            self._sink.flush()
+            with self._lock:
+                self._tail += chunk
+                if len(self._tail) > 2 * KEPT_LOG_BYTES:
+                    del self._tail[:-KEPT_LOG_BYTES]
+                self.version += 1
+
+    def finish(self, timeout_s: float = 5.0) -> None:
+        """Wait for what the command printed last (its pipe closes when it ends)."""
+        self._thread.join(timeout=timeout_s)
+
+    def snapshot(self) -> tuple[int, bytes]:
+        with self._lock:
+            return self.version, bytes(self._tail[-KEPT_LOG_BYTES:])
+
+
 @dataclass
 class Supervision:
     """One attempt's command, watched: the notice, the folder's syncs, its end."""
@@ -77,8 +118,11 @@ class Supervision:
     child: subprocess.Popen[bytes]
     poll_s: float
     sync_s: float
+    output: KeptOutput | None = None
+    storage: CheckpointStorage | None = None
     noticed: bool = False
     next_sync: float = field(default=0.0)
+    kept_version: int = 0
 
     def run(self) -> int:
         self.next_sync = time.monotonic() + self.sync_s
@@ -88,6 +132,8 @@ class Supervision:
             except subprocess.TimeoutExpired:
                 self._watch()
                 continue
+            if self.output is not None:
+                self.output.finish()
             self._sync(final=True)
             return exit_code(returncode, noticed=self.noticed)
 
@@ -109,6 +155,7 @@ class Supervision:
         return checkpoint_request_applies(raw, self.environment.attempt)
 
     def _sync(self, *, final: bool) -> None:
+        self._keep_output()
         try:
             copied = self.folder.sync(final=final)
         except OSError as error:
@@ -116,6 +163,24 @@ class Supervision:
             return
         if copied:
             _say(f"kept {len(copied)} file(s) of {ENV_CHECKPOINT_DIR}: {', '.join(copied[:5])}")
+
+    def _keep_output(self) -> None:
+        if self.output is None:
+            return
+        version, tail = self.output.snapshot()
+        if version == self.kept_version:
+            return
+        try:
+            write_attempt_log(
+                self.environment.checkpoint_uri,
+                self.environment.attempt,
+                tail,
+                storage=self.storage,
+            )
+        except OSError as error:
+            _say(f"the output was not kept this time: {error}")
+            return
+        self.kept_version = version
 
 
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
@@ -153,12 +218,20 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     signal.signal(signal.SIGINT, _ignore)
     try:
         child = subprocess.Popen(
-            args, env=child_environment(env, path)
-        )  # the user's own command, as an argv
+            args,  # the user's own command, as an argv
+            env=child_environment(env, path),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
     except OSError as error:
         _say(f"could not start {args[0]!r}: {error.strerror or error}")
         return 127
-    return Supervision(environment, folder, child, poll_s=1.0, sync_s=sync_s).run()
+    assert child.stdout is not None
+    output = KeptOutput(child.stdout, sys.stdout.buffer)
+    supervision = Supervision(
+        environment, folder, child, poll_s=1.0, sync_s=sync_s, output=output, storage=storage
+    )
+    return supervision.run()
 
 
 def _ignore(signum: int, frame: FrameType | None) -> None:

@@ -17,9 +17,11 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -31,11 +33,13 @@ from shared.events.data import InterruptionCause, JobRequested
 from shared.events.types import Bundle, CapacityClass, ObjectRef
 from shared.jobs import AttemptState, JobRecord
 from shared.localstack.nodes import kill_node
+from shared.localstack.ports import free_port
 from shared.localstack.processes import ProcessRecord, is_running
+from shared.localstack.redis import find_binary
 from shared.localstack.settings import LocalStackSettings, isolated_stack
 from shared.messaging import BusSettings
 from tests.async_helpers import eventually
-from tests.e2e.stack import spotrain
+from tests.e2e.stack import sessions, spotrain
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -43,7 +47,7 @@ EXAMPLES = Path(__file__).parents[2] / "examples"
 RUNNING = ("head-run-0", "head-run-1")
 QUEUED = "head-queued"
 ASKED_WHILE_AWAY = "head-asked-away"
-STEPS = 300
+STEPS = 200
 POOLS = """
 [[pool]]
 name = "gpu-spot"
@@ -188,11 +192,19 @@ async def test_a_head_lost_mid_batch_loses_no_job_and_runs_none_twice(
             assert killed > 0
             # The platform rides it out: a job asked for is queued, nothing fails.
             await client.submit(digits_job(ASKED_WHILE_AWAY, workspace), answer_timeout_s=30)
-            await asyncio.sleep(8)
+
+            async def top_says_the_head_is_away() -> bool:
+                top = await asyncio.to_thread(spotrain, env, "top", "--once")
+                return "Ray's head is away since" in top.stdout
+
+            await eventually(top_says_the_head_is_away, timeout_s=60, interval_s=1)
             during = {r.job_id: r for r in await client.jobs()}
             assert not any(r.state.value == "failed" for r in during.values()), during
+            assert during[ASKED_WHILE_AWAY].state.value == "queued", "the queue keeps queuing"
             shown = await asyncio.to_thread(spotrain, env, "status")
-            assert "ray-head" in shown.stdout
+            assert shown.returncode == 1
+            [head] = [line for line in shown.stdout.splitlines() if "ray-head" in line]
+            assert "stopped" in head, shown.stdout
 
             up = await asyncio.to_thread(spotrain, env, "up", timeout_s=180)
             assert up.returncode == 0, up.stderr
@@ -218,6 +230,11 @@ async def test_a_head_lost_mid_batch_loses_no_job_and_runs_none_twice(
         else:
             assert causes == [InterruptionCause.HEAD_LOST], records[job_id].attempts
             assert records[job_id].attempts[-1].from_step >= 20, "resumed from its checkpoint"
+    # What the first attempts printed outlives Ray's memory of them (a head back without
+    # its state has none): the platform kept it beside their checkpoints.
+    first = await asyncio.to_thread(spotrain, env, "logs", RUNNING[0], "--attempt", "1")
+    assert first.returncode == 0, first.stderr
+    assert "attempt 1: starting at step 0" in first.stdout
     assert watch.overlaps == [], "a job ran two attempts at once"
     assert set(watch.seen) >= set(every), watch.seen
 
@@ -242,3 +259,55 @@ def matches_an_uninterrupted_run(record: JobRecord, project: Path) -> bool:
     expected = latest_checkpoint(reference.resolve().as_uri())
     assert expected is not None
     return bool(load_checkpoint(expected) == load_checkpoint(final))
+
+
+@pytest.mark.parametrize("password", [None, "wrong"], ids=["nothing-there", "wrong-password"])
+def test_up_never_starts_a_head_without_the_redis_that_keeps_its_state(
+    tmp_path: Path, password: str | None
+) -> None:
+    settings = isolated_stack(tmp_path / "stack")
+    port = free_port()
+    env = {
+        **env_of(settings),
+        "SPOTRAIN_LOCAL_RAY_REDIS_ADDRESS": f"127.0.0.1:{port}",
+        "SPOTRAIN_LOCAL_RAY_REDIS_PASSWORD": password or "",
+    }
+    server = None
+    if password is not None:
+        binary = find_binary(settings)
+        assert binary is not None, "run tools/install-redis .tools/bin (make test does)"
+        server = subprocess.Popen(
+            [binary, "--port", str(port), "--bind", "127.0.0.1", "--requirepass", "right",
+             "--save", ""],
+            stdout=subprocess.DEVNULL,
+        )  # fmt: skip
+    try:
+        if server is not None:
+            wait_for_port(port)
+        up = spotrain(env, "up", "--ray-ft", timeout_s=180)
+        left = sessions(settings.home)
+    finally:
+        spotrain(env, "down")
+        if server is not None:
+            server.terminate()
+            server.wait(timeout=10)
+    assert up.returncode == 1, up.stdout
+    # After the progress lines (`starting nats`), the refusal, in one line.
+    line = up.stderr.strip().splitlines()[-1]
+    assert "Traceback" not in up.stderr
+    why = "refuses the password" if password else "nothing answers as Redis at"
+    assert line.startswith("spotrain: error: --ray-ft: "), line
+    assert why in line
+    assert line.endswith("the Ray head is not started without the Redis that keeps its state")
+    assert left == {}, "what it started (the bus) is stopped again"
+
+
+def wait_for_port(port: int) -> None:
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return
+        except OSError:
+            assert time.monotonic() < deadline, f"nothing listens on {port}"
+            time.sleep(0.05)

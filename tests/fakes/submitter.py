@@ -145,6 +145,11 @@ class FakeProgress:
         self.reports: dict[str, ProgressReport] = {}
         self.checkpoint_requests: set[tuple[str, int]] = set()
         self.moves_requested: set[tuple[str, int]] = set()
+        self.kept: dict[tuple[str, int], str] = {}
+        """(checkpoint URI, attempt) -> the end of its output, as its launcher kept it."""
+
+    async def kept_output(self, checkpoint_uri: str, attempt: int) -> str | None:
+        return self.kept.get((checkpoint_uri, attempt))
 
     async def latest(self, checkpoint_uri: str) -> ProgressReport | None:
         return self.reports.get(checkpoint_uri)

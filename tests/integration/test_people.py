@@ -36,8 +36,14 @@ from shared.desk import (
     desk_subject,
 )
 from shared.events import EventData, decode, dlq_subject, encode, new_event
-from shared.events.data import JobAccepted, JobCancelled, JobCancelRequested, JobRequested
-from shared.jobs import JobRecord, JobState, jobs_bucket
+from shared.events.data import (
+    InterruptionCause,
+    JobAccepted,
+    JobCancelled,
+    JobCancelRequested,
+    JobRequested,
+)
+from shared.jobs import Attempt, AttemptState, JobRecord, JobState, jobs_bucket
 from shared.localstack.nats_server import NatsServer
 from shared.messaging import BusSettings
 from shared.messaging.jetstream import BusPermissionError, JetStreamBus
@@ -48,6 +54,7 @@ from shared.teams import Teams, parse_teams
 from shared.workspace import DEFAULT_LIMIT_BYTES, declare_stores
 from tests.async_helpers import eventually
 from tests.events import NOW, job_requested
+from tests.fakes.submitter import FakeProgress, FakeRay
 from tests.security.attacks import zip_bomb_part
 
 pytestmark = pytest.mark.integration
@@ -201,8 +208,23 @@ async def desk(people: People) -> AsyncIterator[Desk]:
             new_event(record.request, source=f"cli/{owner}", time=NOW, subject=job_id)
         )
         await found.publish(JobAccepted(job_id=job_id, owner=owner), job_id)
+    # Ray's head away, and a lost attempt's output kept beside its checkpoints.
+    ray, kept = FakeRay(), FakeProgress()
+    ray.away = True
+    lost = Attempt(
+        number=1,
+        submission_id="alice-2-1",
+        state=AttemptState.LOST,
+        submitted_at=NOW,
+        cause=InterruptionCause.HEAD_LOST,
+    )
+    record = _record("alice-2", "alice", "vision").model_copy(
+        update={"attempts": (lost,), "checkpoint_uri": "file:///checkpoints/alice-2"}
+    )
+    await store.create(record)
+    kept.kept[("file:///checkpoints/alice-2", 1)] = "step 120\nthe head went\n"
     stop = asyncio.Event()
-    serving = asyncio.create_task(RecordsDesk(submitter, store, _Teams()).run(stop))
+    serving = asyncio.create_task(RecordsDesk(submitter, store, _Teams(), ray, kept=kept).run(stop))
     try:
         alice = await found.client("alice")
         await eventually(lambda: _answers(alice), timeout_s=5)
@@ -222,7 +244,7 @@ async def _answers(client: SpotrainClient) -> bool:
 
 async def test_a_person_lists_their_own_and_their_teams_jobs_only(desk: Desk) -> None:
     alice = await desk.client("alice")
-    assert {r.job_id for r in await alice.jobs()} == {"alice-1", "jane-1"}
+    assert {r.job_id for r in await alice.jobs()} == {"alice-1", "alice-2", "jane-1"}
     [own] = [r for r in await alice.jobs() if r.job_id == "alice-1"]
     assert own.request.env == {"API_TOKEN": "alice-secret"}
     bob = await desk.client("bob")
@@ -232,6 +254,15 @@ async def test_a_person_lists_their_own_and_their_teams_jobs_only(desk: Desk) ->
     assert await bob.history("alice-1") == []
     with pytest.raises(PlatformError, match="no job alice-1"):
         await bob.cancel("alice-1", "bob")
+
+
+async def test_a_lost_attempts_output_is_read_from_what_its_launcher_kept(desk: Desk) -> None:
+    """Ray's head is away (or came back without its state): the attempt's output is the
+    end the platform kept beside its checkpoints; another team's is not for bob."""
+    alice = await desk.client("alice")
+    assert await alice.attempt_logs("alice-2", 1) == "step 120\nthe head went\n"
+    bob = await desk.client("bob")
+    assert await bob.attempt_logs("alice-2", 1) is None, "as if there were no such job"
 
 
 async def test_the_server_refuses_a_person_the_bucket_and_the_job_events(desk: Desk) -> None:

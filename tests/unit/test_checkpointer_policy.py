@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -21,6 +22,7 @@ from services.checkpointer.model import (
 )
 from shared.events.data import InterruptionCause, JobRequested
 from shared.events.types import CapacityClass
+from shared.jobs import PLATFORM_STOPS
 from tests.events import NOW
 
 CONFIG = RecoveryConfig(fallback_after_interruptions=2, min_notice_s=2)
@@ -110,6 +112,16 @@ def test_giving_way_to_other_work_spends_no_restart_budget_and_keeps_the_capacit
     assert isinstance(decision, Resume)
     assert decision.resumed.capacity is CapacityClass.ANY, "no fallback to on-demand"
     assert isinstance(policy.recover(job, 4, CKPT, CONFIG), GiveUp), "a real loss counts"
+
+
+@pytest.mark.parametrize("cause", sorted(PLATFORM_STOPS))
+def test_no_platform_stop_spends_the_restart_budget(cause: InterruptionCause) -> None:
+    """Each of the platform's own ends (a move, giving way, its Ray head lost) leaves the
+    budget whole: a job allowed no restart is still resumed after many of them."""
+    ended = [attempt(n, AttemptState.LOST, cause=cause) for n in (1, 2, 3)]
+    job = record(*ended, attempt(4, AttemptState.LOST, cause=cause), max_restarts=0)
+    assert job.interruptions == 0
+    assert isinstance(policy.recover(job, 4, CKPT, CONFIG, platform_stop=True), Resume)
 
 
 def test_an_any_job_moves_to_on_demand_after_repeated_losses_and_stays() -> None:

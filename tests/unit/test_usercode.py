@@ -16,7 +16,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shared.checkpoints import CheckpointRequest, LocalStorage, request_checkpoint
+from shared.checkpoints import (
+    KEPT_LOG_BYTES,
+    CheckpointRequest,
+    LocalStorage,
+    read_attempt_log,
+    request_checkpoint,
+)
 from shared.usercode import launch, ray_train_runs
 from shared.usercode.checkpoint_dir import CheckpointFolder, to_copy
 
@@ -244,3 +250,30 @@ async def test_the_checkpointer_resumes_a_ray_train_run_from_its_own_latest_step
     assert latest is not None
     # No helper checkpoint to hand over: the next driver restores the run by itself.
     assert (latest.uri, latest.step) == (None, 12)
+
+
+def test_what_the_command_prints_is_passed_on_and_kept_beside_its_checkpoints(
+    tmp_path: Path,
+) -> None:
+    """Ray keeps an attempt's output with its head (or its node): the platform keeps its end
+    too, where a head back without its state or a lost node cannot take it."""
+    script = tmp_path / "talk.py"
+    script.write_text(
+        "import sys, time\n"
+        "print('to stdout', flush=True)\n"
+        "print('to stderr', file=sys.stderr, flush=True)\n"
+        "time.sleep(0.5)\n"
+        "print('x' * 2_000_000)\n"
+        "print('last words')\n"
+    )
+    launcher = run_launcher(tmp_path, 3, [sys.executable, str(script)])
+    output = launcher.communicate(timeout=60)[0]
+    assert launcher.returncode == 0, output[-2000:]
+    assert "to stdout" in output
+    assert "to stderr" in output
+    assert output.rstrip().endswith("last words")
+    kept = read_attempt_log(f"file://{tmp_path}/store/job-1", 3)
+    assert kept is not None
+    assert kept.rstrip().endswith("last words")
+    assert len(kept.encode()) == KEPT_LOG_BYTES, "its end, no more"
+    assert read_attempt_log(f"file://{tmp_path}/store/job-1", 2) is None

@@ -19,7 +19,13 @@ from pydantic import ValidationError
 from services.submitter import policy
 from services.submitter.adapters.desk_allowances import KvAllowances
 from services.submitter.adapters.desk_uploads import DeskUploads
-from services.submitter.ports import JobStore, RayJobs, RequestAllowances, TeamsSource
+from services.submitter.ports import (
+    JobStore,
+    ProgressReader,
+    RayJobs,
+    RequestAllowances,
+    TeamsSource,
+)
 from shared.cost import COST_EVENTS
 from shared.desk import (
     ANSWER_LIMIT_BYTES,
@@ -53,6 +59,7 @@ from shared.messaging.kv_store import InMemoryKeyValue
 from shared.messaging.ports import Asked, StoredMessage
 from shared.pool_knowledge import KNOWLEDGE_KEY
 from shared.pools import SIGHTINGS_KEY, STATUS_KEY, pools_bucket
+from shared.ray_head import RayHeadUnavailableError
 from shared.teams import STATUS_KEY as TEAMS_STATUS_KEY
 from shared.teams import Teams, TeamsStatus, teams_bucket
 
@@ -71,9 +78,12 @@ class RecordsDesk:
         teams: TeamsSource | None,
         ray: RayJobs | None = None,
         allowances: RequestAllowances | None = None,
+        *,
+        kept: ProgressReader | None = None,
     ) -> None:
         self._bus = bus
         self._ray = ray
+        self._kept = kept
         self._store = store
         self._teams = teams
         self._news: dict[str, asyncio.Event] = {}
@@ -237,7 +247,14 @@ class RecordsDesk:
             return DeskAnswer(refused=f"{record.job_id} has no attempt {number}")
         if self._ray is None:
             return DeskAnswer(refused="this desk reads no logs")
-        text = await self._ray.logs(attempt.submission_id)
+        try:
+            text = await self._ray.logs(attempt.submission_id)
+        except RayHeadUnavailableError:
+            text = None
+        if not text and self._kept is not None and record.checkpoint_uri is not None:
+            # What Ray no longer has (a head back without its state, or away): the end
+            # of it, as the attempt's launcher kept it.
+            text = await self._kept.kept_output(record.checkpoint_uri, attempt.number)
         if text is not None and len(text) > ANSWER_LIMIT_BYTES:
             text = text[-ANSWER_LIMIT_BYTES:]  # the end of a long run's output matters most
         return DeskAnswer(logs=text)
