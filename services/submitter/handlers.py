@@ -71,6 +71,9 @@ class AdmissionView:
 class HeadWatch:
     away_since: datetime | None = None
     """Since when Ray's head has not answered the tracker; None while it answers."""
+    forgotten: dict[str, datetime] = field(default_factory=dict)
+    """Submission id → since when Ray has had no record of that attempt, while it waits
+    for the nodes it ran on to join Ray again."""
 
 
 @dataclass(frozen=True)
@@ -309,6 +312,20 @@ async def _track_one(record: JobRecord, attempt: Attempt, revision: Revision, de
     await _track(record, attempt, revision, deps)
 
 
+async def _forgotten_may_go_on(attempt: Attempt, deps: Deps) -> bool:
+    """Ray has no record of the attempt: whether it may be taken as gone yet
+    (`policy.forgotten_may_go_on`), its wait counted from when it was first found so."""
+    now = deps.clock.now()
+    since = deps.head.forgotten.setdefault(attempt.submission_id, now)
+    waited_s = (now - since).total_seconds()
+    if policy.forgotten_may_go_on(attempt, await deps.ray.live_nodes(), waited_s):
+        deps.head.forgotten.pop(attempt.submission_id, None)
+        return True
+    if since == now:
+        log.info("attempt.waits_for_its_nodes", nodes=sorted(policy.ran_on(attempt)))
+    return False
+
+
 async def _unless_head_away(call: Awaitable[object], doing: str) -> None:
     """`call`, a step the tracker repairs if it is skipped: with Ray's head away it is
     skipped rather than failing the event (a handler retried past its limit would
@@ -338,6 +355,8 @@ async def _stop_past_max_hours(
 
 async def _track(record: JobRecord, attempt: Attempt, revision: Revision, deps: Deps) -> None:
     status = await deps.ray.status(attempt.submission_id)
+    if status is None and not await _forgotten_may_go_on(attempt, deps):
+        return
     if status is not None and status.state is not RayJobState.PENDING:
         # Progress first: a run that ended since the last pass reported its last steps in
         # between, and they belong before its end.

@@ -70,6 +70,11 @@ class RayJobs(Protocol):
         """What the attempt printed, as Ray keeps it; None when Ray has no such job."""
         ...
 
+    async def live_nodes(self) -> frozenset[str] | None:
+        """The platform's nodes alive in Ray now (their `spotrain-node` labels); None when
+        Ray cannot say."""
+        ...
+
     async def lost_worker_nodes(self, submission_id: str) -> tuple[str, ...] | None:
         """The nodes that held any of an attempt's Ray Train workers and are dead now:
         its failure may be theirs, not its code's. None when Ray cannot say."""

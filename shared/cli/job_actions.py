@@ -553,6 +553,11 @@ def pools(learnt: bool, output: Output) -> None:
         f"spending ${status.cost_per_hour_usd:.2f}/h of a ${status.budget_per_hour_usd:.2f}/h "
         f"budget; {status.blocked_jobs} job(s) held; as of {status.updated_at:%H:%M:%S}"
     )
+    if status.ray_head_away_since is not None:
+        out.print(
+            f"[bold red]Ray's head is away since {status.ray_head_away_since:%H:%M:%S}: "
+            "nothing is placed, grown or released until it is back[/]"
+        )
 
 
 def nodes(output: Output) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -237,3 +238,18 @@ def _signal_all(pids: Sequence[int], signum: signal.Signals) -> None:
             pass
         except PermissionError:
             continue
+
+
+REPO_TOOLS = Path(__file__).resolve().parents[2] / ".tools" / "bin"
+"""Where `make test` (tools/install-*) puts the tools the stack runs, in a checkout."""
+
+
+def find_tool(configured: Path | None, name: str, tools: Path = REPO_TOOLS) -> str | None:
+    """A tool the stack runs: the path its setting names, else the checkout's `tools/name`,
+    else one on PATH; None if there is none."""
+    if configured is not None:
+        return str(configured)
+    in_repo = tools / name
+    if in_repo.exists():
+        return str(in_repo)
+    return shutil.which(name)

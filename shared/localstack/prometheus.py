@@ -4,20 +4,16 @@ it is started and where its binary is. The stack itself (stack.py) runs it like 
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import shared
+from shared.localstack.processes import REPO_TOOLS, find_tool
 from shared.localstack.settings import LocalStackSettings
 
 RAY_DISCOVERY_FILE = "prom_metrics_service_discovery.json"
 """Ray's head lists every live node's metrics port, the autoscaler's and the dashboard's in
 this file (Prometheus file-SD format), rewritten every 5 s as nodes come and go."""
-
-REPO_TOOLS = Path(shared.__file__).resolve().parents[1] / ".tools" / "bin"
-"""Where `make test` (tools/install-prometheus) puts the binary in a checkout."""
 
 
 def ray_discovery_file(settings: LocalStackSettings) -> Path:
@@ -88,9 +84,4 @@ def argv(binary: str, settings: LocalStackSettings) -> list[str]:
 def find_binary(settings: LocalStackSettings) -> str | None:
     """`SPOTRAIN_LOCAL_PROMETHEUS_BINARY`, else the checkout's `.tools/bin/prometheus`,
     else one on PATH; None if there is none."""
-    if settings.prometheus_binary is not None:
-        return str(settings.prometheus_binary)
-    in_repo = REPO_TOOLS / "prometheus"
-    if in_repo.exists():
-        return str(in_repo)
-    return shutil.which("prometheus")
+    return find_tool(settings.prometheus_binary, "prometheus", REPO_TOOLS)

@@ -11,10 +11,9 @@ starts a head that would otherwise come up without fault tolerance.
 from __future__ import annotations
 
 import secrets
-import shutil
 from pathlib import Path
 
-from shared.localstack.prometheus import REPO_TOOLS
+from shared.localstack.processes import find_tool
 from shared.localstack.settings import LocalStackSettings
 
 COMPONENT = "redis"
@@ -27,12 +26,7 @@ own; the same one for a head started again."""
 def find_binary(settings: LocalStackSettings) -> str | None:
     """`SPOTRAIN_LOCAL_REDIS_BINARY`, else the checkout's `.tools/bin/redis-server`, else one
     on PATH; None if there is none."""
-    if settings.redis_binary is not None:
-        return str(settings.redis_binary)
-    in_repo = REPO_TOOLS / "redis-server"
-    if in_repo.exists():
-        return str(in_repo)
-    return shutil.which("redis-server")
+    return find_tool(settings.redis_binary, "redis-server")
 
 
 def address(settings: LocalStackSettings) -> str:

@@ -381,6 +381,14 @@ def up(
 
 
 def _prepare_redis(settings: LocalStackSettings) -> None:
+    if settings.is_secure:
+        # `ray start --redis-password` stays on the head's command line, which job code
+        # confined on the head can read in /proc; with the password, the cluster's state.
+        msg = (
+            "--ray-ft is not offered on a --secure stack: Ray keeps the Redis password on "
+            "its head's command line, where job drivers on the head could read it"
+        )
+        raise StackError(msg, exit_code=2)
     settings.redis_dir.mkdir(parents=True, exist_ok=True)
     (settings.redis_dir / FT_MARKER).touch()
     if settings.ray_redis_address is None:

@@ -20,7 +20,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,7 +29,7 @@ import pytest
 from shared.checkpoints import latest_checkpoint, load_checkpoint
 from shared.client import SpotrainClient
 from shared.events.data import InterruptionCause, JobRequested
-from shared.events.types import Bundle, CapacityClass, ObjectRef
+from shared.events.types import ObjectRef
 from shared.jobs import AttemptState, JobRecord
 from shared.localstack.nodes import kill_node
 from shared.localstack.ports import free_port
@@ -39,7 +38,9 @@ from shared.localstack.redis import find_binary
 from shared.localstack.settings import LocalStackSettings, isolated_stack
 from shared.messaging import BusSettings
 from tests.async_helpers import eventually
+from tests.e2e import training
 from tests.e2e.stack import sessions, spotrain
+from tests.e2e.training import AttemptWatch
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -47,7 +48,7 @@ EXAMPLES = Path(__file__).parents[2] / "examples"
 RUNNING = ("head-run-0", "head-run-1")
 QUEUED = "head-queued"
 ASKED_WHILE_AWAY = "head-asked-away"
-STEPS = 200
+STEPS = 300
 POOLS = """
 [[pool]]
 name = "gpu-spot"
@@ -62,65 +63,11 @@ max_nodes = 2
 """Two nodes, one job each: a third job waits in the platform's queue."""
 
 
-class AttemptWatch:
-    """Which attempt of each job has a training process alive, sampled from /proc until
-    stopped: two attempts of one job alive at once is a job run twice."""
-
-    def __init__(self) -> None:
-        self.overlaps: list[tuple[str, frozenset[str]]] = []
-        self.seen: dict[str, set[str]] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> AttemptWatch:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.25):
-            alive: dict[str, set[str]] = {}
-            for entry in Path("/proc").iterdir():
-                if not entry.name.isdigit():
-                    continue
-                try:
-                    argv = (entry / "cmdline").read_bytes().split(b"\0")
-                    if not any(arg.endswith(b"train_digits.py") for arg in argv):
-                        continue
-                    environ = dict(
-                        item.split(b"=", 1)
-                        for item in (entry / "environ").read_bytes().split(b"\0")
-                        if b"=" in item
-                    )
-                except OSError:
-                    continue
-                job = environ.get(b"SPOTRAIN_JOB_ID", b"").decode()
-                attempt = environ.get(b"SPOTRAIN_ATTEMPT", b"").decode()
-                if job:
-                    alive.setdefault(job, set()).add(attempt)
-            for job, attempts in alive.items():
-                self.seen.setdefault(job, set()).update(attempts)
-                if len(attempts) > 1:
-                    self.overlaps.append((job, frozenset(attempts)))
-
-
 def digits_job(job_id: str, workspace: ObjectRef) -> JobRequested:
-    return JobRequested(
-        job_id=job_id,
-        owner="head",
-        experiment="head-loss",
-        entrypoint=(
-            "python", "train_digits.py", "--seed", "5", f"--steps={STEPS}",
-            "--checkpoint-every=10", "--report-every=5", "--step-delay-s=0.1",
-        ),
-        working_dir=workspace,
-        worker=Bundle(gpus=2, cpus=1),
-        capacity=CapacityClass.SPOT,
-        # No restart allowed: a head's loss must not be counted as the job's.
-        max_restarts=0,
+    # No restart allowed: a head's loss must not be counted as the job's.
+    return training.digits_job(
+        job_id, workspace, owner="head", experiment="head-loss", seed=5, steps=STEPS,
+        step_delay_s=0.1, gpus=2, max_restarts=0,
     )  # fmt: skip
 
 
@@ -201,6 +148,8 @@ async def test_a_head_lost_mid_batch_loses_no_job_and_runs_none_twice(
             during = {r.job_id: r for r in await client.jobs()}
             assert not any(r.state.value == "failed" for r in during.values()), during
             assert during[ASKED_WHILE_AWAY].state.value == "queued", "the queue keeps queuing"
+            pools = await asyncio.to_thread(spotrain, env, "pools")
+            assert "Ray's head is away since" in pools.stdout, pools.stdout
             shown = await asyncio.to_thread(spotrain, env, "status")
             assert shown.returncode == 1
             [head] = [line for line in shown.stdout.splitlines() if "ray-head" in line]
@@ -311,3 +260,22 @@ def wait_for_port(port: int) -> None:
         except OSError:
             assert time.monotonic() < deadline, f"nothing listens on {port}"
             time.sleep(0.05)
+
+
+def test_a_secure_stack_is_not_offered_fault_tolerance(tmp_path: Path) -> None:
+    """Ray keeps the Redis password on its head's command line, readable by job code on the
+    head: the secure stack refuses rather than hand it over."""
+    settings = isolated_stack(tmp_path / "stack")
+    env = env_of(settings)
+    try:
+        up = spotrain(env, "up", "--secure", "--ray-ft")
+        left = sessions(settings.home)
+    finally:
+        spotrain(env, "down")
+    assert up.returncode == 2
+    assert (
+        up.stderr.strip()
+        .splitlines()[-1]
+        .startswith("spotrain: error: --ray-ft is not offered on a --secure stack")
+    )
+    assert left == {}

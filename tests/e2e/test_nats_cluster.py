@@ -31,7 +31,7 @@ from shared.cli.app import BUS_DID_NOT_ANSWER
 from shared.client import SpotrainClient
 from shared.events import decode, subject_for
 from shared.events.data import JobRejected, JobRequested, JobResumed, NodeLaunched
-from shared.events.types import Bundle, CapacityClass, ObjectRef
+from shared.events.types import Bundle, ObjectRef
 from shared.localstack.nodes import NodeFolder, pick_node, preempt
 from shared.localstack.processes import ProcessRecord
 from shared.localstack.settings import LocalStackSettings, isolated_stack
@@ -41,6 +41,7 @@ from shared.messaging.jetstream import JetStreamBus
 from shared.messaging.kv_store import JetStreamKeyValue
 from shared.messaging.object_store import JetStreamObjectStore
 from tests.async_helpers import eventually
+from tests.e2e import training
 from tests.e2e.stack import spotrain
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
@@ -307,18 +308,9 @@ BURST = 40
 
 
 def digits_job(job_id: str, workspace: ObjectRef) -> JobRequested:
-    return JobRequested(
-        job_id=job_id,
-        owner="chaos",
-        experiment="ha-chaos",
-        entrypoint=(
-            "python", "train_digits.py", "--seed", "3", "--steps=600",
-            "--checkpoint-every=10", "--report-every=5", "--step-delay-s=0.05",
-        ),
-        working_dir=workspace,
-        worker=Bundle(gpus=1, cpus=1),
-        capacity=CapacityClass.SPOT,
-        max_restarts=3,
+    return training.digits_job(
+        job_id, workspace, owner="chaos", experiment="ha-chaos", seed=3, steps=600,
+        step_delay_s=0.05,
     )  # fmt: skip
 
 

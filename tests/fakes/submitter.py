@@ -85,6 +85,10 @@ class FakeRay:
         """Submission id -> what its command printed."""
         self.away = False
         """Ray's head does not answer: `submit`, `status`, `stop` and `logs` raise."""
+        self.nodes_seen: set[str] = set()
+        """The nodes attempts were pinned to or ran on, as submissions and statuses said."""
+        self.down: set[str] = set()
+        """Nodes not in Ray now (not yet joined a new head)."""
 
     def _answer(self) -> None:
         if self.away:
@@ -92,8 +96,18 @@ class FakeRay:
             raise RayHeadUnavailableError(msg)
 
     def forget(self) -> None:
-        """A head back without its state: it has heard of no job."""
+        """A head back without its state: it has heard of no job, and no node has joined
+        it yet."""
         self.statuses.clear()
+        self.down = set(self.nodes_seen)
+
+    def rejoin(self, *nodes: str) -> None:
+        """Nodes that joined the new head, restarted."""
+        self.down -= set(nodes)
+        self.nodes_seen |= set(nodes)
+
+    async def live_nodes(self) -> frozenset[str] | None:
+        return frozenset(self.nodes_seen - self.down)
 
     async def logs(self, submission_id: str) -> str | None:
         self._answer()
@@ -104,6 +118,8 @@ class FakeRay:
         if plan.submission_id in self.statuses:
             return
         self.submitted.append((plan, working_dir))
+        for selected in plan.entrypoint_label_selector.values():
+            self.nodes_seen.update(selected.removeprefix("in(").removesuffix(")").split(","))
         self.statuses[plan.submission_id] = RayJobStatus(state=RayJobState.PENDING)
 
     async def status(self, submission_id: str) -> RayJobStatus | None:
@@ -128,6 +144,8 @@ class FakeRay:
 
     def set(self, submission_id: str, state: RayJobState, **fields: object) -> None:
         self.statuses[submission_id] = RayJobStatus(state=state, **fields)  # type: ignore[arg-type]
+        if isinstance(node := fields.get("node"), str):
+            self.nodes_seen.add(node)
 
 
 class FakeWorkspaces:

@@ -820,3 +820,29 @@ def test_an_attempt_ray_forgot_before_it_ran_is_handed_to_it_again() -> None:
     transition = policy.on_ray_status(queued_record(), None, NOW)
     assert transition.reason is Reason.NOT_SUBMITTED
     assert transition.record == queued_record()
+
+
+@pytest.mark.parametrize(
+    ("live", "waited_s", "goes_on"),
+    [
+        # Every node it ran on joined the new head, restarted: nothing of it runs there.
+        pytest.param(frozenset({"n1", "n2", "n9"}), 0.0, True, id="its-nodes-rejoined"),
+        # One has not: its old raylet may still run the attempt's processes.
+        pytest.param(frozenset({"n1"}), 0.0, False, id="a-node-not-back"),
+        pytest.param(None, 0.0, False, id="ray-cannot-say"),
+        # A node that never comes back holds nothing up past the wait.
+        pytest.param(frozenset(), policy.FORGOTTEN_NODES_WAIT_S, True, id="waited-enough"),
+    ],
+)
+def test_what_ray_forgot_goes_on_once_the_nodes_it_ran_on_rejoined(
+    live: frozenset[str] | None, waited_s: float, goes_on: bool
+) -> None:
+    running = policy.on_ray_status(queued_record(), status(R.RUNNING, node="n1"), NOW).record
+    attempt = running.attempts[-1].model_copy(update={"worker_nodes": ("n2",)})
+    assert policy.ran_on(attempt) == {"n1", "n2"}
+    assert policy.forgotten_may_go_on(attempt, live, waited_s) is goes_on
+
+
+def test_an_attempt_ray_never_heard_of_on_no_node_goes_on_at_once() -> None:
+    record = waiting_record()
+    assert policy.forgotten_may_go_on(record.attempts[-1], None, 0.0)

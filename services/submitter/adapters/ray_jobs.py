@@ -154,6 +154,25 @@ class RayJobSubmission:
 
         return await self._ask(logs)
 
+    async def live_nodes(self) -> frozenset[str] | None:
+        def live_nodes() -> frozenset[str] | None:
+            from ray.util.state import list_nodes  # noqa: PLC0415  # see _connect
+
+            try:
+                nodes = list_nodes(
+                    address=self._address,
+                    filters=[("state", "=", "ALIVE")],
+                    timeout=5,
+                    limit=10_000,
+                )
+            except Exception:  # noqa: BLE001  # the state API is best effort
+                return None
+            return frozenset(
+                name for node in nodes if (name := (node.labels or {}).get(NODE_LABEL))
+            )
+
+        return await asyncio.to_thread(live_nodes)
+
     async def lost_worker_nodes(self, submission_id: str) -> tuple[str, ...] | None:
         def lost_worker_nodes() -> tuple[str, ...] | None:
             from ray.util.state import get_node, list_actors  # noqa: PLC0415  # see _connect

@@ -30,18 +30,21 @@ from services.submitter.policy.admission import (
     workspace_refusal,
 )
 from services.submitter.policy.attempts import (
+    FORGOTTEN_NODES_WAIT_S,
     LAUNCHER,
     RAY_TRAIN_ON_SPOT,
     abandon,
     cancel,
     classify_failure,
     eta_s,
+    forgotten_may_go_on,
     is_multi_node,
     on_progress,
     on_ray_status,
     on_workers_seen,
     past_max_hours,
     plan_submission,
+    ran_on,
     resume,
     tracked,
     wants_worker_nodes,
@@ -93,6 +96,7 @@ from services.submitter.policy.transitions import (
 from shared.access import may_read, who_may_not_cancel
 
 __all__ = [
+    "FORGOTTEN_NODES_WAIT_S",
     "GIVE_WAY",
     "LAUNCHER",
     "RAY_TRAIN_ON_SPOT",
@@ -117,6 +121,7 @@ __all__ = [
     "end_attempt",
     "eta_s",
     "first_attempt",
+    "forgotten_may_go_on",
     "gave_way_message",
     "gave_way_queued",
     "give_way",
@@ -141,6 +146,7 @@ __all__ = [
     "plan_submission",
     "queued_event",
     "quota_freed",
+    "ran_on",
     "released",
     "requeue",
     "resume",

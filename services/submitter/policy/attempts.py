@@ -250,6 +250,33 @@ def on_ray_status(
             )  # fmt: skip
 
 
+FORGOTTEN_NODES_WAIT_S = 600.0
+"""How long what Ray forgot of an attempt waits for the nodes it ran on to join the new
+head: as long as a node's raylet waits for a head (`RAY_gcs_rpc_server_reconnect_timeout_s`
+on a fault-tolerant cluster)."""
+
+
+def ran_on(attempt: Attempt) -> frozenset[str]:
+    """Every node the attempt ran or was placed on: its driver's, its workers'."""
+    return frozenset((*attempt.nodes, *attempt.worker_nodes, *attempt.placed_on))
+
+
+def forgotten_may_go_on(
+    attempt: Attempt, live_nodes: frozenset[str] | None, waited_s: float
+) -> bool:
+    """Whether an attempt Ray has no record of may be taken as gone, and go on (resumed, or
+    handed to Ray again). Only once every node it ran on has joined Ray since: a head back
+    without its state forgets its jobs at once, but each node's raylet gives the lost head up
+    in its own time, and until then what the attempt ran there may still run; a node joins
+    a head only as a restarted node, with nothing of its last run left. Or once the wait is
+    over (a node that never comes back). `live_nodes`: the nodes alive in Ray now, None
+    when Ray cannot say."""
+    nodes = ran_on(attempt)
+    if not nodes or waited_s >= FORGOTTEN_NODES_WAIT_S:
+        return True
+    return live_nodes is not None and nodes <= live_nodes
+
+
 def _forgotten(record: JobRecord, attempt: Attempt, now: datetime) -> Transition:
     """Ray has not heard of the attempt."""
     if attempt.state is AttemptState.RUNNING:
