@@ -49,6 +49,9 @@ RUNNING = ("head-run-0", "head-run-1")
 QUEUED = "head-queued"
 ASKED_WHILE_AWAY = "head-asked-away"
 STEPS = 300
+"""The running jobs': long enough to run through the head's loss and return."""
+SHORT_STEPS = 60
+"""The jobs that wait meanwhile: they only have to run, once the head is back."""
 POOLS = """
 [[pool]]
 name = "gpu-spot"
@@ -63,10 +66,10 @@ max_nodes = 2
 """Two nodes, one job each: a third job waits in the platform's queue."""
 
 
-def digits_job(job_id: str, workspace: ObjectRef) -> JobRequested:
+def digits_job(job_id: str, workspace: ObjectRef, steps: int = STEPS) -> JobRequested:
     # No restart allowed: a head's loss must not be counted as the job's.
     return training.digits_job(
-        job_id, workspace, owner="head", experiment="head-loss", seed=5, steps=STEPS,
+        job_id, workspace, owner="head", experiment="head-loss", seed=5, steps=steps,
         step_delay_s=0.1, gpus=2, max_restarts=0,
     )  # fmt: skip
 
@@ -117,8 +120,9 @@ async def test_a_head_lost_mid_batch_loses_no_job_and_runs_none_twice(
     with AttemptWatch() as watch:
         async with await SpotrainClient.connect(bus) as client:
             workspace = await client.upload_workspace(project, owner="head")
-            for job_id in (*RUNNING, QUEUED):
+            for job_id in RUNNING:
                 await client.submit(digits_job(job_id, workspace), answer_timeout_s=30)
+            await client.submit(digits_job(QUEUED, workspace, SHORT_STEPS), answer_timeout_s=30)
 
             async def running_past_a_checkpoint() -> bool:
                 records = {r.job_id: r for r in await client.jobs()}
@@ -138,7 +142,8 @@ async def test_a_head_lost_mid_batch_loses_no_job_and_runs_none_twice(
             killed = await asyncio.to_thread(kill_the_head, stack)
             assert killed > 0
             # The platform rides it out: a job asked for is queued, nothing fails.
-            await client.submit(digits_job(ASKED_WHILE_AWAY, workspace), answer_timeout_s=30)
+            asked = digits_job(ASKED_WHILE_AWAY, workspace, SHORT_STEPS)
+            await client.submit(asked, answer_timeout_s=30)
 
             async def top_says_the_head_is_away() -> bool:
                 top = await asyncio.to_thread(spotrain, env, "top", "--once")
@@ -191,10 +196,15 @@ async def test_a_head_lost_mid_batch_loses_no_job_and_runs_none_twice(
 def matches_an_uninterrupted_run(record: JobRecord, project: Path) -> bool:
     """The job's final checkpoint is the one its script writes uninterrupted."""
     assert record.checkpoint_uri is not None
+    steps = next(
+        int(arg.removeprefix("--steps="))
+        for arg in record.request.entrypoint
+        if arg.startswith("--steps=")
+    )
     final = latest_checkpoint(record.checkpoint_uri)
-    if final is None or final.step != STEPS:
+    if final is None or final.step != steps:
         return False
-    reference = project.parent / "reference"  # every job runs the same seed and steps
+    reference = project.parent / f"reference-{steps}"  # every job runs the same seed
     if not reference.exists():
         env = {
             **os.environ,

@@ -26,6 +26,7 @@ from shared.localstack.ray_nodes import (
     ray_binary,
     worker_argv,
 )
+from shared.ray_head import RayHeadUnavailableError
 from tests.async_helpers import eventually
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.timeout(180)]
@@ -89,7 +90,7 @@ async def driver_labels(cluster: Cluster, selector: dict[str, str], name: str) -
     async def submitted() -> bool:
         try:
             await ray.submit(plan, None)
-        except (ConnectionError, RuntimeError):
+        except (RayHeadUnavailableError, RuntimeError):
             return False  # the dashboard or its job agent still starting
         return True
 
