@@ -114,6 +114,7 @@ class RayJobSubmission:
                         ("state", "=", "ALIVE"),
                     ],
                     timeout=5,
+                    raise_on_missing_output=False,  # see live_nodes
                 )
             except Exception:  # noqa: BLE001  # the state API is best effort; ask next time
                 return None
@@ -136,6 +137,7 @@ class RayJobSubmission:
                     address=self._address,
                     filters=[("creator_job_id", "=", ray_job)],
                     timeout=5,
+                    raise_on_missing_output=False,  # see live_nodes
                 )
             except Exception:  # noqa: BLE001  # the state API is best effort
                 return None
@@ -164,6 +166,9 @@ class RayJobSubmission:
                     filters=[("state", "=", "ALIVE")],
                     timeout=5,
                     limit=10_000,
+                    # A head back with its state still lists the head that went, which the
+                    # filter leaves out; Ray then takes the answer for truncated and raises.
+                    raise_on_missing_output=False,
                 )
             except Exception:  # noqa: BLE001  # the state API is best effort
                 return None
@@ -186,6 +191,7 @@ class RayJobSubmission:
                     filters=[("job_id", "=", ray_job), ("class_name", "=", TRAIN_WORKER_CLASS)],
                     timeout=5,
                     limit=10_000,
+                    raise_on_missing_output=False,  # see live_nodes
                 )
                 lost: set[str] = set()
                 for node_id in {worker.node_id for worker in workers if worker.node_id}:
