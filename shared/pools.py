@@ -118,6 +118,10 @@ class NodeSightings(Frozen):
     pass_interval_s: float = Field(gt=0)
     """How often the scaler looks: a sighting much older than this is stale."""
     seen: dict[str, AwareDatetime]
+    lives: dict[str, str] = Field(default_factory=dict)
+    """Which machine each open node is, where the provider said so only after its launch
+    (a VM made for it once the launch returned): a restarted scaler tells a machine made
+    again under the node's name while it was away from the one it billed."""
 
     def stale_after_s(self) -> float:
         """How old a sighting may be before its node counts as unaccounted for: a few

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -15,7 +15,7 @@ import structlog
 
 from services.scaler import metrics, policy
 from services.scaler.model import BlockedReason, Demand, PoolSpec, ScalePlan, ScalerConfig
-from services.scaler.policy import elastic
+from services.scaler.policy import elastic, lives
 from services.scaler.policy.elastic import move_demand_id
 from services.scaler.ports import (
     ClusterObserver,
@@ -30,7 +30,7 @@ from services.scaler.ports import (
 from shared.clock import Clock
 from shared.cost import CostFold, attributed, month_start, on_demand_counterpart, spend_by_owner
 from shared.cost.attribution import SettledMemo
-from shared.cost.node_ends import OpenNode, closings, node_history
+from shared.cost.node_ends import OpenNode, best_end, closings, node_history
 from shared.deadline import SpotOutlook
 from shared.events import Event, EventData, new_event, node_event_id
 from shared.events.data import (
@@ -91,7 +91,11 @@ class Deps:
     """Whether this process has closed the nodes that stopped before it started."""
     billed_nodes: dict[str, OpenNode] = field(default_factory=dict)
     """Nodes open on the ledger (announced launched, by this process or one before it, and
-    not ended) that the provider lists."""
+    not ended), by the name the provider lists them under (`OpenNode.machine`): one life
+    per name at a time."""
+    ledger_names: set[str] = field(default_factory=set)
+    """Every node name the ledger holds a launch of: a machine's next life is named apart
+    (`policy.lives.ledger_name`)."""
     unwatched: set[str] = field(default_factory=set)
     """Billed nodes that were already gone when this process started."""
     last_seen: dict[str, datetime] = field(default_factory=dict)
@@ -230,17 +234,22 @@ async def reconcile(deps: Deps) -> ScalePlan:
         deps.ray_head_away_since = None
     by_pool = {p.name: p for p in deps.pools}
     now = deps.clock.now()
+    if not deps.recovered:
+        await _take_over(deps, provided)
+    taken_back = await _close_recreated(deps, provided)
     provided, never_started = await _remove_unstarted(deps, provided, now)
-    taken_back = await _announce_node_lifetimes(deps, provided, by_pool, seen_at)
+    for pool, count in (await _announce_node_lifetimes(deps, provided, by_pool, seen_at)).items():
+        taken_back[pool] = taken_back.get(pool, 0) + count
     views = policy.node_views(deps.pools, provided, observed, now)
     demands = await deps.demand.all()
     unavailable = frozenset(
         pool for pool, until in deps.out_of_capacity_until.items() if until > now
     )
+    launched = {name: node.launched_at for name, node in deps.billed_nodes.items()}
     decided = policy.plan(
         deps.pools,
         views,
-        demands,
+        lives.every_avoided(demands, launched),
         deps.config,
         now,
         unavailable=unavailable,
@@ -422,6 +431,41 @@ async def _remove_unstarted(
     return kept, stocked_out
 
 
+async def _close_recreated(deps: Deps, provided: Sequence[ProvidedNode]) -> dict[str, int]:
+    """A name whose machine the provider made again (or that names another machine now)
+    ends the life billed under it, at the provider's record of that life's end, else its
+    last sighting; the next life is announced as any new node is, once it is listed and
+    starting. Returns, per pool, the lives the market took back (not those an upgrade or
+    repair replaced)."""
+    renewed = [
+        (node, billed)
+        for node in provided
+        if (billed := deps.billed_nodes.get(node.name)) is not None
+        and lives.new_life(billed.life, node.life, recreating=node.recreating)
+    ]
+    if not renewed:
+        return {}
+    try:
+        recorded = await deps.provider.ended({n.name: b.launched_at for n, b in renewed})
+    except OSError as error:
+        # The life before still ends, at its last sighting: the next one bills from here.
+        log.warning("nodes.end_records_unreadable", nodes=len(renewed), error=str(error))
+        recorded = {}
+    taken_back: dict[str, int] = {}
+    for node, billed in renewed:
+        end = best_end(
+            billed, recorded=recorded.get(node.name), last_seen=deps.last_seen.get(node.name)
+        )
+        reason = ReleaseReason.MAINTENANCE if end.maintenance else ReleaseReason.GONE
+        if reason is ReleaseReason.GONE:
+            taken_back[billed.pool] = taken_back.get(billed.pool, 0) + 1
+        log.info("node.recreated", node=node.name, pool=billed.pool, life=node.life)
+        await _node_released(deps, node.name, billed.pool, reason, at=end.at, source=end.source)
+        # Still listed, as its next life: to be announced, not taken for a release under way.
+        deps.ended_nodes.discard(node.name)
+    return taken_back
+
+
 async def _report_blocked(deps: Deps, decided: ScalePlan) -> None:
     """Each blocked demand, once per attempt and reason."""
     for blocked in decided.blocked:
@@ -502,13 +546,24 @@ async def _take_over(deps: Deps, provided: Sequence[ProvidedNode]) -> None:
     if learnt is not None:
         deps.knowledge = {**learnt.pools, **deps.knowledge}
     seen = dict(board.seen) if board is not None else {}
-    listed = {node.name for node in provided}
+    listed = {node.name: node for node in provided}
+    deps.ledger_names |= history.launched
+    known_lives = board.lives if board is not None else {}
     for node in history.open:
-        deps.billed_nodes[node.node] = node
-        deps.last_seen[node.node] = seen.get(node.node, node.launched_at)
-        if node.node not in listed:
-            deps.unwatched.add(node.node)
-    deps.ended_nodes |= history.ended & listed
+        if node.life is None and node.node in known_lives:
+            node = replace(node, life=known_lives[node.node])  # noqa: PLW2901
+        deps.billed_nodes[node.machine] = node
+        deps.last_seen[node.machine] = seen.get(node.node, node.launched_at)
+        if node.machine not in listed:
+            deps.unwatched.add(node.machine)
+    for name in history.ended:
+        machine, life = history.lives.get(name, (name, None))
+        now_listed = listed.get(machine)
+        if machine in deps.billed_nodes or now_listed is None:
+            continue
+        # Released, and listed while it goes; unless its name is another machine's now.
+        if not lives.new_life(life, now_listed.life, recreating=now_listed.recreating):
+            deps.ended_nodes.add(machine)
     by_pool = {pool.name: pool for pool in deps.pools}
     for gone in stopped:
         if gone.name in history.launched or gone.name in listed or gone.pool not in by_pool:
@@ -535,33 +590,52 @@ async def _announce_node_lifetimes(
         await _take_over(deps, provided)
     listed = {node.name for node in provided}
     for node in provided:
-        if node.name in deps.billed_nodes or node.name in deps.ended_nodes:
+        billed = deps.billed_nodes.get(node.name)
+        if billed is not None and billed.life is None and node.life is not None:
+            # The machine made for it exists now: this is the life it is.
+            deps.billed_nodes[node.name] = replace(billed, life=node.life)
+        if billed is not None or node.name in deps.ended_nodes:
             continue
         pool = by_pool.get(node.pool)
         if pool is None:
             log.warning("node.unknown_pool", node=node.name, pool=node.pool)
             continue
-        await _node_launched(deps, node.name, pool, node.launched_at)
+        await _node_launched(deps, node.name, pool, node.launched_at, life=node.life)
     gone = sorted(name for name in deps.billed_nodes if name not in listed)
     try:
-        recorded = await deps.provider.ended(gone) if gone else {}
+        since = {name: deps.billed_nodes[name].launched_at for name in gone}
+        recorded = await deps.provider.ended(since) if gone else {}
     except OSError as error:
         # Closed at a guess, a node could never be closed right: it waits for the record
         # (billed meanwhile up to its last sighting, no further).
         log.warning("nodes.end_records_unreadable", nodes=len(gone), error=str(error))
         gone, recorded = [], {}
-    billed = [deps.billed_nodes[name] for name in gone]
+    billed_gone = [deps.billed_nodes[name] for name in gone]
+    # `closings` reads the ledger's names; the provider and the sightings, the machines'.
+    by_ledger = {node.node: node.machine for node in billed_gone}
     taken_back: dict[str, int] = {}
-    for closing in closings(billed, running=(), recorded=recorded, last_seen=deps.last_seen):
-        reason = (
-            ReleaseReason.GONE_WHILE_UNWATCHED
-            if closing.node in deps.unwatched
-            else ReleaseReason.GONE
-        )
-        if reason is ReleaseReason.GONE:
-            taken_back[closing.pool] = taken_back.get(closing.pool, 0) + 1
+    for closing in closings(
+        billed_gone,
+        running=(),
+        recorded={
+            node.node: recorded[node.machine] for node in billed_gone if node.machine in recorded
+        },
+        last_seen={
+            node.node: deps.last_seen[node.machine]
+            for node in billed_gone
+            if node.machine in deps.last_seen
+        },
+    ):
+        machine = by_ledger[closing.node]
         end = closing.end
-        await _node_released(deps, closing.node, closing.pool, reason, at=end.at, source=end.source)
+        if machine in deps.unwatched:
+            reason = ReleaseReason.GONE_WHILE_UNWATCHED
+        elif end.maintenance:
+            reason = ReleaseReason.MAINTENANCE
+        else:
+            reason = ReleaseReason.GONE
+            taken_back[closing.pool] = taken_back.get(closing.pool, 0) + 1
+        await _node_released(deps, machine, closing.pool, reason, at=end.at, source=end.source)
     for name in deps.billed_nodes.keys() & listed:
         deps.last_seen[name] = seen_at
     deps.ended_nodes &= listed
@@ -569,7 +643,12 @@ async def _announce_node_lifetimes(
         NodeSightings(
             updated_at=seen_at,
             pass_interval_s=deps.pass_interval_s,
-            seen={name: deps.last_seen[name] for name in sorted(deps.billed_nodes)},
+            seen={
+                node.node: deps.last_seen[name] for name, node in sorted(deps.billed_nodes.items())
+            },
+            lives={
+                node.node: node.life for node in deps.billed_nodes.values() if node.life is not None
+            },
         )
     )
     return taken_back
@@ -586,10 +665,14 @@ async def _announce_launches(deps: Deps, pool: PoolSpec, names: Sequence[str]) -
         await _node_launched(deps, name, pool, started.get(name, now))
 
 
-async def _node_launched(deps: Deps, name: str, pool: PoolSpec, launched_at: datetime) -> None:
+async def _node_launched(
+    deps: Deps, name: str, pool: PoolSpec, launched_at: datetime, *, life: str | None = None
+) -> None:
+    """Billed from `launched_at`, under the ledger's name for this life of machine `name`."""
     counterpart = on_demand_counterpart(pool, deps.pools)
+    ledger = lives.ledger_name(name, launched_at, deps.ledger_names)
     launched = NodeLaunched(
-        node=name,
+        node=ledger,
         pool=pool.name,
         capacity=pool.capacity,
         gpus=pool.gpus,
@@ -600,9 +683,18 @@ async def _node_launched(deps: Deps, name: str, pool: PoolSpec, launched_at: dat
         on_demand_pool=counterpart.name if counterpart else None,
         on_demand_price_per_hour_usd=counterpart.price_per_hour_usd if counterpart else None,
         launched_at=launched_at,
+        host=None if ledger == name else name,
+        life=life,
     )
-    await _publish(deps, launched, event_id=node_event_id("launched", name))
-    deps.billed_nodes[name] = OpenNode(node=name, pool=pool.name, launched_at=launched_at)
+    await _publish(deps, launched, event_id=node_event_id("launched", ledger))
+    deps.ledger_names.add(ledger)
+    deps.billed_nodes[name] = OpenNode(
+        node=ledger,
+        pool=pool.name,
+        launched_at=launched_at,
+        host=None if ledger == name else name,
+        life=life,
+    )
     deps.last_seen.setdefault(name, launched_at)
     metrics.NODES_LAUNCHED.labels(pool.name, pool.capacity.value).inc()
     log.info("node.launched", node=name, pool=pool.name)
@@ -617,15 +709,18 @@ async def _node_released(
     at: datetime | None = None,
     source: NodeEndSource = NodeEndSource.RECORDED,
 ) -> None:
+    """Machine `name`'s billed life ends (under its name in the ledger)."""
+    billed = deps.billed_nodes.get(name)
+    ledger = name if billed is None else billed.node
     released = NodeReleased(
-        node=name,
+        node=ledger,
         pool=pool,
         reason=reason,
         released_at=at or deps.clock.now(),
         end_source=source,
     )
     # Published before it is forgotten: if the bus fails, the next pass says it again.
-    await _publish(deps, released, event_id=node_event_id("released", name))
+    await _publish(deps, released, event_id=node_event_id("released", ledger))
     deps.billed_nodes.pop(name, None)
     deps.last_seen.pop(name, None)
     deps.unwatched.discard(name)
@@ -650,7 +745,15 @@ async def measure_costs(deps: Deps) -> None:
     now = deps.clock.now()
     # Open nodes are billed to their last sighting, as `spotrain cost` bills them, once
     # this process knows every open node's (before, up to now).
-    seen = dict(deps.last_seen) if deps.recovered else None
+    seen = (
+        {
+            node.node: deps.last_seen[name]
+            for name, node in deps.billed_nodes.items()
+            if name in deps.last_seen
+        }
+        if deps.recovered
+        else None
+    )
 
     since = month_start(now)
     if deps.spend_since != since:

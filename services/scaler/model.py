@@ -54,6 +54,13 @@ class ProvidedNode(Frozen):
     quota, a create that never finished), with the cloud's words; None while it runs or
     may yet. Such a node never ran: the scaler removes it and stops asking the pool for a
     while, as for a failed growth."""
+    life: str | None = None
+    """Which machine is behind the name now (a GCE VM's `id`), where the provider can
+    make another under the same name; None where it is not known (yet), or a name is
+    never used twice. A name whose life changes is a node that ended and another."""
+    recreating: bool = False
+    """The provider is making the name's machine again (a managed instance group
+    recreating a preempted or deleted VM): the machine before is gone."""
 
 
 class StoppedNode(Frozen):

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Mapping
+from datetime import datetime
 from typing import Any, Protocol
 
 from services.scaler.model import Demand, ObservedNode, PoolSpec, ProvidedNode, StoppedNode
@@ -38,10 +39,12 @@ class PoolProvider(Protocol):
         runs (and is still billed)."""
         ...
 
-    async def ended(self, nodes: Collection[str]) -> dict[str, NodeEnd]:
-        """When each of these nodes, no longer listed, stopped, as far as the provider
-        recorded it (a local node's recorded exit or last stamp); a node it kept no record
-        of is left out, and the scaler falls back on its own last sighting."""
+    async def ended(self, nodes: Mapping[str, datetime]) -> dict[str, NodeEnd]:
+        """When each of these nodes stopped (each by its name, with when the life asked
+        about began: a provider that makes a machine again under its name has recorded
+        one end per life), as far as the provider recorded it (a local node's recorded
+        exit or last stamp, a VM's preemption or deletion); a node it kept no record of
+        is left out, and the scaler falls back on its own last sighting."""
         ...
 
     async def stopped(self) -> list[StoppedNode]:

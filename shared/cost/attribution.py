@@ -51,6 +51,13 @@ class NodeLife:
     seen_until: datetime | None = None
     """For a node with no end yet, the last time it was seen alive, if that is known: it
     is billed up to there and no further (it may have stopped unrecorded since)."""
+    host: str | None = None
+    """The machine's name, which attempts hold it by, where the node is another life of
+    it (`NodeLaunched.host`): its holds are the machine's within the node's life."""
+
+    @property
+    def machine(self) -> str:
+        return self.host or self.node
 
 
 @dataclass(frozen=True)
@@ -159,8 +166,8 @@ def attribute(
     charges: list[Charge] = []
     known: set[str] = set()
     for node in nodes:
-        known.add(node.node)
-        node_holds = by_node.get(node.node, [])
+        known.add(node.machine)
+        node_holds = by_node.get(node.machine, [])
         if settled is not None and node.end is not None and node.end <= end:
             key = (node, tuple(node_holds), start)
             remembered = settled.get(node.node)

@@ -402,6 +402,7 @@ def _node_life(
         on_demand_price_per_hour_usd=price if on_demand is None else on_demand,
         start=launched.launched_at,
         end=None if end is None else max(end, launched.launched_at),
+        host=launched.host,
     )
     return node, on_demand is not None
 

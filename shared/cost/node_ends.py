@@ -11,7 +11,7 @@ was seen alive, else its launch (it was never seen after it).
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -26,6 +26,15 @@ class OpenNode:
     node: str
     pool: str
     launched_at: datetime
+    host: str | None = None
+    """The machine's name where the node is not named by it (`NodeLaunched.host`)."""
+    life: str | None = None
+    """Which machine it is behind that name (`NodeLaunched.life`)."""
+
+    @property
+    def machine(self) -> str:
+        """The name the provider, Ray and the attempts know the node by."""
+        return self.host or self.node
 
 
 @dataclass(frozen=True)
@@ -34,6 +43,9 @@ class NodeEnd:
 
     at: datetime
     source: NodeEndSource
+    maintenance: bool = False
+    """The provider recorded it inside an upgrade or repair of the node's pool (GKE
+    replacing or recreating its nodes): the cloud did not take it back."""
 
 
 @dataclass(frozen=True)
@@ -44,6 +56,8 @@ class NodeHistory:
     ended: frozenset[str]
     launched: frozenset[str] = frozenset()
     """Every node with a `node.launched`: the nodes the ledger bills, or billed."""
+    lives: Mapping[str, tuple[str, str | None]] = field(default_factory=dict)
+    """Every launched node's machine name and life (`OpenNode.machine`, `.life`)."""
 
 
 def node_history(events: Iterable[Event[Any]]) -> NodeHistory:
@@ -58,11 +72,16 @@ def node_history(events: Iterable[Event[Any]]) -> NodeHistory:
         elif isinstance(data, NodeReleased | NodeLost):
             ended.add(data.node)
     still_open = tuple(
-        OpenNode(node=n.node, pool=n.pool, launched_at=n.launched_at)
+        OpenNode(node=n.node, pool=n.pool, launched_at=n.launched_at, host=n.host, life=n.life)
         for name, n in sorted(launched.items())
         if name not in ended
     )
-    return NodeHistory(open=still_open, ended=frozenset(ended), launched=frozenset(launched))
+    return NodeHistory(
+        open=still_open,
+        ended=frozenset(ended),
+        launched=frozenset(launched),
+        lives={name: (n.host or n.node, n.life) for name, n in launched.items()},
+    )
 
 
 def best_end(node: OpenNode, *, recorded: NodeEnd | None, last_seen: datetime | None) -> NodeEnd:
@@ -70,7 +89,7 @@ def best_end(node: OpenNode, *, recorded: NodeEnd | None, last_seen: datetime | 
     provider's own (a last stamp) or the scaler's; else the launch. Never before the launch
     (a clock skewed between machines must not make a negative life)."""
     if recorded is not None and recorded.source is NodeEndSource.RECORDED:
-        return NodeEnd(max(recorded.at, node.launched_at), recorded.source)
+        return NodeEnd(max(recorded.at, node.launched_at), recorded.source, recorded.maintenance)
     sightings = [node.launched_at]
     sightings += [last_seen] if last_seen is not None else []
     sightings += [recorded.at] if recorded is not None else []

@@ -460,6 +460,12 @@ class NodeLaunched(EventData):
     on_demand_price_per_hour_usd: Annotated[float, Field(ge=0, le=100_000)] | None = None
     """That pool's price: what this node would cost on on-demand capacity."""
     launched_at: AwareDatetime
+    host: Name | None = None
+    """The machine's name, where the node is not named by it: a VM its group made again
+    under its name is a new node (`<host>@<launch second>`), which Ray, Kubernetes and
+    the attempts still call by the machine's name. None: the node's name is its host."""
+    life: Name | None = None
+    """Which machine it is behind its name (a GCE VM's `id`), where the provider says."""
 
     @field_validator("capacity")
     @classmethod
@@ -485,6 +491,9 @@ class ReleaseReason(StrEnum):
     NEVER_STARTED = "never-started"
     """The provider gave up on starting it (a stock-out that outlived the create, a
     quota): it never ran, and ends where it was launched, billed nothing."""
+    MAINTENANCE = "maintenance"
+    """The provider replaced or recreated it in an upgrade or repair of its pool (GKE's
+    node upgrades and auto-repair): gone unasked, but not taken back by the market."""
 
 
 class NodeEndSource(StrEnum):

@@ -62,6 +62,8 @@ class FakeOperation:
     instance: str
     end_time: datetime
     status: str = "DONE"
+    target_id: int | None = None
+    """The VM's `id`: a VM recreated under its name has a new one."""
 
     def as_json(self, project: str, number: int) -> dict[str, Any]:
         base = "https://www.googleapis.com/compute/v1"
@@ -73,7 +75,7 @@ class FakeOperation:
             "zone": zone_link,
             "operationType": self.operation_type,
             "targetLink": f"{zone_link}/instances/{self.instance}",
-            "targetId": str(9_000_000 + number),
+            "targetId": str(self.target_id or 9_000_000 + number),
             "status": self.status,
             "user": "system"
             if "preempted" in self.operation_type
@@ -97,8 +99,10 @@ class FakeInstance:
     action: str = "CREATING"
     status: str | None = None
     errors: list[dict[str, str]] = field(default_factory=list)
+    vm_id: int | None = None
+    """The `id` of the VM now behind it; None until one is made."""
 
-    def as_json(self, project: str, number: int) -> dict[str, Any]:
+    def as_json(self, project: str) -> dict[str, Any]:
         body: dict[str, Any] = {
             "instance": f"{COMPUTE}/projects/{project}/zones/{self.zone}/instances/{self.name}",
             "name": self.name,
@@ -106,7 +110,8 @@ class FakeInstance:
         }
         if self.status is not None:
             body["instanceStatus"] = self.status
-            body["id"] = str(5_000_000 + number)
+        if self.vm_id is not None:
+            body["id"] = str(self.vm_id)
         if self.errors:
             body["lastAttempt"] = {"errors": {"errors": self.errors}}
         return body
@@ -182,6 +187,7 @@ class FakeCompute:
     _zone_ops: dict[str, ZoneOperation] = field(default_factory=dict)
     _writes: list[float] = field(default_factory=list)
     _named: int = 0
+    _vm_ids: int = 5_000_000
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _random: random.Random = field(default_factory=lambda: random.Random(7))  # noqa: S311
 
@@ -190,8 +196,14 @@ class FakeCompute:
     ) -> FakeGroup:
         group = FakeGroup(zone, name, base_instance_name)
         for vm in running:
+            self._vm_ids += 1
             group.instances[vm] = FakeInstance(
-                vm, zone, asked_at=time.monotonic(), action="NONE", status="RUNNING"
+                vm,
+                zone,
+                asked_at=time.monotonic(),
+                action="NONE",
+                status="RUNNING",
+                vm_id=self._vm_ids,
             )
         self.groups[(zone, name)] = group
         return group
@@ -217,26 +229,50 @@ class FakeCompute:
         self.changes.append(("resize", group.name, str(size)))
 
     def preempt(self, name: str) -> None:
-        """Compute Engine takes a spot VM back: it is gone, and the group recreates it."""
+        """Compute Engine takes a spot VM back; its group, which keeps its target size,
+        recreates it under the same name as a new VM (`RECREATING` until it boots)."""
         with self._lock:
             for group in self.groups.values():
-                if name in group.instances:
-                    del group.instances[name]
+                if (instance := group.instances.get(name)) is not None:
                     self.operations.append(
                         FakeOperation(
-                            group.zone, "compute.instances.preempted", name, datetime.now(UTC)
+                            group.zone,
+                            "compute.instances.preempted",
+                            name,
+                            datetime.now(UTC),
+                            target_id=instance.vm_id,
                         )
                     )
+                    instance.action, instance.status, instance.vm_id = "RECREATING", None, None
+                    instance.asked_at = time.monotonic()
+
+    def replace(self, group: FakeGroup, name: str) -> str:
+        """What a surge upgrade does to one node: a new VM under a new name first, then
+        the old one deleted. Returns the new instance's name."""
+        with self._lock:
+            self._named += 1
+            made = f"{group.base_instance_name}-{self._named:04x}"
+            group.instances[made] = FakeInstance(made, group.zone, asked_at=time.monotonic())
+            self._delete(group, name)
+            return made
 
     def _delete(self, group: FakeGroup, name: str) -> None:
-        group.instances.pop(name, None)
-        self.operations.append(FakeOperation(group.zone, "delete", name, datetime.now(UTC)))
+        gone = group.instances.pop(name, None)
+        self.operations.append(
+            FakeOperation(
+                group.zone,
+                "delete",
+                name,
+                datetime.now(UTC),
+                target_id=None if gone is None else gone.vm_id,
+            )
+        )
 
     def _tick(self) -> None:
         now = time.monotonic()
         for group in self.groups.values():
             for instance in group.instances.values():
-                if instance.action != "CREATING":
+                if instance.action not in ("CREATING", "RECREATING"):
                     continue
                 if group.zone in self.stocked_out:
                     message = (
@@ -247,9 +283,17 @@ class FakeCompute:
                     instance.errors = [{"code": STOCK_OUT, "message": message}]
                 elif now - instance.asked_at >= self.boot_s:
                     instance.action, instance.status, instance.errors = "NONE", "RUNNING", []
+                    self._vm_ids += 1
+                    instance.vm_id = self._vm_ids
                     # Compute Engine's record of the VM's making, as its `insert` operation.
                     self.operations.append(
-                        FakeOperation(group.zone, "insert", instance.name, datetime.now(UTC))
+                        FakeOperation(
+                            group.zone,
+                            "insert",
+                            instance.name,
+                            datetime.now(UTC),
+                            target_id=instance.vm_id,
+                        )
                     )
 
     def answer(
@@ -280,10 +324,7 @@ class FakeCompute:
             size = min(int(query.get("maxResults", [str(MAX_PAGE)])[0]), MAX_PAGE)
             start = int(query.get("pageToken", ["0"])[0] or 0)
             listed = list(group.instances.values())
-            page = [
-                i.as_json(self.project, start + n)
-                for n, i in enumerate(listed[start : start + size])
-            ]
+            page = [i.as_json(self.project) for i in listed[start : start + size]]
             answer: dict[str, Any] = {"managedInstances": page}
             if start + size < len(listed):
                 answer["nextPageToken"] = str(start + size)

@@ -11,7 +11,11 @@ of node pool resizing and operations, and the errors the API is reported to answ
 - an operation runs for a while (`RUNNING`) before it is `DONE`; while one runs on the
   cluster, a second is refused with 400 `FAILED_PRECONDITION` ("Cluster is running
   incompatible operation", reason `CLUSTER_ALREADY_HAS_OPERATION`);
-- past a rate of changes per second, 429 `RESOURCE_EXHAUSTED`.
+- past a rate of changes per second, 429 `RESOURCE_EXHAUSTED`;
+- operations name their target (the cluster for a control-plane upgrade, a node pool for
+  its own upgrade or repair) and carry `startTime` and, once done, `endTime`; a surge
+  upgrade of a node pool replaces its nodes one by one, each by a new VM under a new name
+  before the old one is deleted (GKE's "Surge upgrades").
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 from urllib.parse import urlsplit
@@ -81,18 +86,24 @@ class Operation:
     operation_type: str
     target: str
     done_at: float
+    started_at: datetime = field(default_factory=lambda: datetime.now(UTC))
 
     def as_json(self, project: str, location: str, endpoint: str) -> dict[str, Any]:
-        done = time.monotonic() >= self.done_at
-        return {
+        left_s = self.done_at - time.monotonic()
+        body = {
             "name": self.name,
             "zone": location,
             "operationType": self.operation_type,
-            "status": "DONE" if done else "RUNNING",
+            "status": "DONE" if left_s <= 0 else "RUNNING",
             "selfLink": f"{endpoint}/v1/projects/{project}/locations/{location}"
             f"/operations/{self.name}",
             "targetLink": f"{endpoint}/v1/{self.target}",
+            "startTime": _rfc3339(self.started_at),
         }
+        if left_s <= 0:
+            ended = datetime.now(UTC) + timedelta(seconds=left_s)
+            body["endTime"] = _rfc3339(ended)
+        return body
 
 
 @dataclass
@@ -121,17 +132,28 @@ class FakeGke:
             if r.path.endswith(":setSize")
         ]
 
-    def start_operation(self, operation_type: str, node_pool: str, seconds: float) -> Operation:
-        """An operation someone else started (an upgrade, a repair) on a node pool."""
+    def start_operation(
+        self, operation_type: str, node_pool: str | None, seconds: float
+    ) -> Operation:
+        """An operation someone else started: an upgrade or a repair of a node pool, or,
+        with no node pool, of the cluster itself (`UPGRADE_MASTER`)."""
         target = f"projects/{self.project}/locations/{self.location}/clusters/{self.cluster}"
         operation = Operation(
             name=f"operation-{len(self.running) + 1}-{operation_type.lower()}",
             operation_type=operation_type,
-            target=f"{target}/nodePools/{node_pool}",
+            target=target if node_pool is None else f"{target}/nodePools/{node_pool}",
             done_at=time.monotonic() + seconds,
         )
-        self.running.append(operation)
+        with self._lock:
+            self.running.append(operation)
         return operation
+
+    def surge_upgrade(self, node_pool: str, node: str, seconds: float) -> str:
+        """GKE upgrades a node pool (an `UPGRADE_NODES` operation on it, for `seconds`) and
+        replaces `node` by a surge VM; returns the new VM's name."""
+        self.start_operation("UPGRADE_NODES", node_pool, seconds)
+        group = next(g for g in self.pools[node_pool].groups if node in g.instances)
+        return self.compute.replace(group, node)
 
     def answer(self, method: str, path: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         with self._lock:
@@ -195,6 +217,11 @@ class FakeGke:
             if operation["name"] == match["op"]:
                 return 200, operation
         return _error(404, "NOT_FOUND", f"Not found: operation {match['op']}.")
+
+
+def _rfc3339(at: datetime) -> str:
+    # As the Compute fake's times: to the millisecond, so their order holds across APIs.
+    return at.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def _node_count(body: dict[str, Any]) -> int:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Mapping
 from datetime import datetime
 
 from services.scaler.model import Demand, PoolSpec, StoppedNode, queueing
@@ -36,14 +36,38 @@ class FakeCluster:
         """Launched nodes the provider gave up starting, and why; they never join Ray."""
         self.release_fails: set[str] = set()
         """Nodes whose release fails (the cloud's delete refused): they keep running."""
+        self.lives: dict[str, str] = {}
+        """Which machine is behind each name, where a test says (a cloud VM's id)."""
+        self.recreating: set[str] = set()
+        """Names whose machine the provider is making again (a group recreating a VM)."""
 
     async def nodes(self) -> list[ProvidedNode]:
         return [
             ProvidedNode(
-                name=name, pool=pool.name, launched_at=at, not_started=self.unstarted.get(name)
+                name=name,
+                pool=pool.name,
+                launched_at=at,
+                not_started=self.unstarted.get(name),
+                life=None if name in self.recreating else self.lives.get(name),
+                recreating=name in self.recreating,
             )
             for name, (pool, at) in self.launched.items()
         ]
+
+    def recreate(self, node: str, *, maintenance: bool = False) -> None:
+        """The machine behind `node` stops (preempted, or replaced by an upgrade or a
+        repair when `maintenance`) and the provider makes another under its name, from
+        now; it has no life until `boot_again`."""
+        pool, _ = self.launched[node]
+        now = self._clock.now()
+        self.ends[node] = NodeEnd(now, NodeEndSource.RECORDED, maintenance=maintenance)
+        self.launched[node] = (pool, now)
+        self.recreating.add(node)
+        self.lives.pop(node, None)
+
+    def boot_again(self, node: str, life: str) -> None:
+        self.recreating.discard(node)
+        self.lives[node] = life
 
     async def launch(self, pool: PoolSpec, count: int) -> list[str]:
         if pool.name in self.out_of_capacity:
@@ -67,8 +91,14 @@ class FakeCluster:
             self.ends.setdefault(node, NodeEnd(self._clock.now(), NodeEndSource.RECORDED))
         self.released.append(node)
 
-    async def ended(self, nodes: Collection[str]) -> dict[str, NodeEnd]:
-        return {name: self.ends[name] for name in nodes if name in self.ends}
+    async def ended(self, nodes: Mapping[str, datetime]) -> dict[str, NodeEnd]:
+        """The end on record of the life asked about: none for a life that began after."""
+        return {
+            name: end
+            for name, since in nodes.items()
+            if (end := self.ends.get(name)) is not None
+            and not (end.source is NodeEndSource.RECORDED and end.at < since)
+        }
 
     async def stopped(self) -> list[StoppedNode]:
         return [

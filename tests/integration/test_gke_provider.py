@@ -11,6 +11,13 @@ the node pool, sizes in memory, releases by count):
 4. a failed release is never announced: `test_a_failed_deletion_raises_and_the_vm_stays`;
 5. the chosen VM goes, never another: `test_release_deletes_that_vm_and_no_other`;
 6. a restart sees the VMs still booting: `test_a_restarted_provider_sees_the_vms_booting`.
+
+Issue 36's, each failing on the provider as it was: a VM its group recreates under its
+name is a new life (`test_a_preempted_vm_made_again_under_its_name_is_a_new_life`), one
+recreated into a stock-out did not start (`test_a_vm_made_again_into_a_stock_out_did_not_
+start`), a control-plane upgrade holds nothing up (`test_a_control_plane_upgrade_holds_no_
+growth_or_release`), and a surge upgrade's replacement is maintenance (`test_a_node_a_surge_
+upgrade_replaces_ended_for_maintenance`).
 """
 
 from __future__ import annotations
@@ -459,7 +466,9 @@ async def test_the_end_of_a_vm_is_compute_engines_record_of_its_preemption_or_de
         clock=clock,
         records=records,
     )
-    ends = await provider.ended(["gke-spot-a1", "gke-spot-b1", "gke-spot-c1", "never-seen"])
+    since = at - timedelta(hours=1)
+    names = ["gke-spot-a1", "gke-spot-b1", "gke-spot-c1", "never-seen"]
+    ends = await provider.ended(dict.fromkeys(names, since))
     assert ends == {
         "gke-spot-a1": NodeEnd(at, NodeEndSource.RECORDED),
         "gke-spot-b1": NodeEnd(at + timedelta(minutes=5), NodeEndSource.RECORDED),
@@ -472,7 +481,7 @@ def test_an_unreadable_record_is_a_gke_error(compute: FakeCompute) -> None:
     """A filter the API refuses, or a project it does not know: an OSError, said once."""
     records = ComputeOperationRecords(connect_compute_operations(compute.endpoint), "other")
     with pytest.raises(GkeError, match="Compute operations of project other"):
-        records.ended(["n"])
+        records.ended({"n": datetime.now(UTC)})
 
 
 def _checked(gke: FakeGke, clock: FixedClock, node_pools: dict[str, str]) -> GkePoolProvider:
@@ -571,4 +580,115 @@ async def test_a_vm_made_and_gone_while_no_scaler_watched_is_on_record(
     assert stopped.launched_at == inserted.end_time.replace(
         microsecond=(inserted.end_time.microsecond // 1000) * 1000
     )
-    assert (await provider.ended([made]))[made].source is NodeEndSource.RECORDED
+    ended = await provider.ended({made: stopped.launched_at})
+    assert ended[made].source is NodeEndSource.RECORDED
+
+
+def _recorded(gke: FakeGke, clock: FixedClock, directory: object = None) -> GkePoolProvider:
+    compute = gke.compute
+    return GkePoolProvider(
+        client=connect_cluster_manager(gke.endpoint),
+        groups=connect_instance_groups(compute.endpoint),
+        cluster=ClusterRef(project="proj", location="europe-west4", cluster="train"),
+        node_pools={"gpu-spot": "np-gpu-spot", "gpu-on-demand": "np-gpu-od"},
+        directory=directory or BootedNodes(gke, clock),  # type: ignore[arg-type]
+        clock=clock,
+        records=ComputeOperationRecords(connect_compute_operations(compute.endpoint), "proj"),
+        poll_s=0.05,
+    )
+
+
+async def test_a_preempted_vm_made_again_under_its_name_is_a_new_life(
+    gke: FakeGke, compute: FakeCompute, clock: FixedClock
+) -> None:
+    """The group recreates the VM under its name: listed as `recreating` from when that
+    was seen, then with the new VM's id, the same life since; the record of the end of
+    the life before is found for that life, and none for the next."""
+    provider = _recorded(gke, clock)
+    first = {n.name: n for n in await provider.nodes() if n.pool == "gpu-spot"}
+    name = "gke-train-np-gpu-spot-a-0064"
+    assert first[name].life is not None
+    assert not first[name].recreating
+    clock.advance(timedelta(minutes=10))
+    compute.boot_s = 3600.0
+    compute.preempt(name)
+    [again] = [n for n in await provider.nodes() if n.name == name]
+    assert (again.recreating, again.life, again.not_started) == (True, None, None)
+    assert again.launched_at == clock.now()
+    compute.boot_s = 0.0
+    clock.advance(timedelta(minutes=2))
+    [booted] = [n for n in await provider.nodes() if n.name == name]
+    assert not booted.recreating
+    assert booted.life not in (None, first[name].life)
+    assert booted.launched_at == again.launched_at, "one life since it was being made"
+    preempted = next(o for o in compute.operations if o.instance == name)
+    ended = await provider.ended({name: first[name].launched_at})
+    assert ended[name].at.replace(microsecond=0) == preempted.end_time.replace(microsecond=0)
+    assert not ended[name].maintenance
+    assert await provider.ended({name: datetime.now(UTC) + timedelta(minutes=1)}) == {}
+
+
+class StaleNodes(BootedNodes):
+    """Kubernetes still lists a node whose VM is being made again (its Node object
+    outlives the VM)."""
+
+    def __init__(self, gke: FakeGke, clock: FixedClock, stale: str) -> None:
+        super().__init__(gke, clock)
+        self._stale = stale
+
+    def nodes(self, gke_pool: str) -> list[KubeNode]:
+        listed = super().nodes(gke_pool)
+        if gke_pool == "np-gpu-spot" and self._stale not in {n.name for n in listed}:
+            listed.append(KubeNode(self._stale, datetime.now(UTC) - timedelta(hours=2)))
+        return listed
+
+
+async def test_a_vm_made_again_into_a_stock_out_did_not_start(
+    gke: FakeGke, compute: FakeCompute, clock: FixedClock
+) -> None:
+    """Compute Engine retries the recreation for ever in a zone out of the machine type;
+    the node is not started, with its words, though Kubernetes still lists it, and goes."""
+    name = "gke-train-np-gpu-spot-b-0064"
+    provider = _recorded(gke, clock, StaleNodes(gke, clock, name))
+    compute.stocked_out.add(ZONES[1])
+    compute.preempt(name)
+    [node] = [n for n in await provider.nodes() if n.name == name]
+    assert node.recreating
+    assert node.not_started is not None
+    assert node.not_started.startswith(f"{STOCK_OUT} in {ZONES[1]}")
+    await provider.release(name)
+    assert name not in {n.name for n in await provider.nodes()}
+
+
+async def test_a_control_plane_upgrade_holds_no_growth_or_release(
+    gke: FakeGke, compute: FakeCompute, clock: FixedClock
+) -> None:
+    """An operation on the cluster itself (a control-plane upgrade, many minutes long) is
+    no reason to wait: the pool grows and shrinks under it."""
+    gke.start_operation("UPGRADE_MASTER", None, seconds=600)
+    provider = _provider(gke, clock)
+    [made] = await provider.launch(SPOT, 1)
+    await provider.release(made)
+    assert [verb for verb, _, _ in compute.changes] == ["resize", "deleteInstances"]
+
+
+async def test_a_node_a_surge_upgrade_replaces_ended_for_maintenance(
+    gke: FakeGke, compute: FakeCompute, clock: FixedClock
+) -> None:
+    """GKE's surge upgrade adds a VM under a new name and deletes the old one, inside an
+    `UPGRADE_NODES` operation on the node pool: the old VM's end is maintenance, and the
+    node pool is left alone while it runs."""
+    provider = _recorded(gke, clock)
+    old = "gke-train-np-gpu-spot-a-0064"
+    since = datetime.now(UTC) - timedelta(minutes=1)
+    made = gke.surge_upgrade("np-gpu-spot", old, seconds=600)
+    listed = {n.name for n in await provider.nodes()}
+    assert made in listed
+    assert old not in listed
+    ended = await provider.ended({old: since})
+    assert ended[old].maintenance
+    with pytest.raises(ProviderBusyError, match="UPGRADE_NODES"):
+        await provider.launch(SPOT, 1)
+    od = next(n.name for n in await provider.nodes() if n.pool == "gpu-on-demand")
+    compute.preempt(od)
+    assert not (await provider.ended({od: since}))[od].maintenance, "another node pool"

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import re
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol, Self, TypeVar
@@ -44,8 +44,10 @@ from shared.events.data import NodeEndSource
 NODE_POOL_LABEL = "cloud.google.com/gke-nodepool"
 """The label GKE puts on every Kubernetes node with the name of its node pool."""
 CALL_TIMEOUT_S = 30.0
-STARTING = frozenset({"CREATING", "CREATING_WITHOUT_RETRIES", "VERIFYING"})
-"""A managed instance's `currentAction` while its VM is being made."""
+STARTING = frozenset({"CREATING", "CREATING_WITHOUT_RETRIES", "VERIFYING", "RECREATING"})
+"""A managed instance's `currentAction` while its VM is being made: `RECREATING` when the
+group makes it again under its name, after a preemption or a deletion behind its back."""
+RECREATING = "RECREATING"
 LEAVING = frozenset({"DELETING", "ABANDONING"})
 """A managed instance's `currentAction` once it is going: no longer the pool's."""
 BUSY_REASONS = frozenset({"CLUSTER_ALREADY_HAS_OPERATION"})
@@ -53,7 +55,15 @@ BUSY_REASONS = frozenset({"CLUSTER_ALREADY_HAS_OPERATION"})
 OPERATING = frozenset(
     {Operation.Status.PENDING, Operation.Status.RUNNING, Operation.Status.ABORTING}
 )
-
+MAINTENANCE = frozenset(
+    {
+        Operation.Type.UPGRADE_NODES,
+        Operation.Type.AUTO_UPGRADE_NODES,
+        Operation.Type.AUTO_REPAIR_NODES,
+    }
+)
+"""GKE's operations that replace or recreate a node pool's VMs (surge or blue-green
+upgrades, auto-repair): a VM that ends inside one went for maintenance, not to the market."""
 REQUIRED_PERMISSIONS: Mapping[str, str] = {
     "container.clusters.get": "read a node pool (its instance groups, its autoscaling)",
     "container.operations.list": "see whether GKE is operating on the cluster or node pool",
@@ -99,6 +109,18 @@ def spread(sizes: Sequence[int], count: int) -> list[int]:
         smallest = min(range(len(sizes)), key=lambda i: sizes[i] + added[i])
         added[smallest] += 1
     return added
+
+
+def first_end_since(ends: Sequence[datetime], since: datetime) -> datetime | None:
+    """The first of a VM name's recorded ends that belongs to the life that began at
+    `since`: a name recreated by its group has one end per life. Pure."""
+    return min((at for at in ends if at >= since), default=None)
+
+
+def in_maintenance(at: datetime, windows: Sequence[tuple[datetime, datetime | None]]) -> bool:
+    """Whether `at` falls inside one of these (start, end) operations; an end of None is
+    one still running. Pure."""
+    return any(start <= at and (end is None or at <= end) for start, end in windows)
 
 
 def not_started(
@@ -172,9 +194,12 @@ class InstanceRecords(Protocol):
     """When VMs stopped, as the cloud recorded it. Synchronous (the provider calls it in a
     thread); errors are `OSError`s; a VM it has no record of is left out."""
 
-    def ended(self, names: Collection[str]) -> dict[str, datetime]: ...
+    def ended(self, lives: Mapping[str, datetime]) -> dict[str, datetime]:
+        """For each VM name, the first end recorded at or after the life that began then
+        (a name its group recreated has had several)."""
+        ...
 
-    def stopped(self, prefixes: Collection[str]) -> dict[str, tuple[datetime, datetime]]:
+    def stopped(self, prefixes: Sequence[str]) -> dict[str, tuple[datetime, datetime]]:
         """Each VM named with one of these prefixes that was made and has stopped: when it
         was made, when it stopped."""
         ...
@@ -196,27 +221,28 @@ class ComputeOperationRecords:
         self._client = client
         self._project = project
 
-    def ended(self, names: Collection[str]) -> dict[str, datetime]:
-        wanted = set(names)
+    def ended(self, lives: Mapping[str, datetime]) -> dict[str, datetime]:
+        times = self._times(self.FILTER, lambda n: n in lives)
+        found = {
+            name: first_end_since(times.get((name, "end"), []), since)
+            for name, since in lives.items()
+        }
+        return {name: at for name, at in found.items() if at is not None}
+
+    def stopped(self, prefixes: Sequence[str]) -> dict[str, tuple[datetime, datetime]]:
+        ours = tuple(prefixes)
+        times = self._times(self.LIFE_FILTER, lambda n: n.startswith(ours))
         return {
-            name: at
-            for name, (kind, at) in self._firsts(self.FILTER, lambda n: n in wanted)
-            if kind == "end"
+            name: (min(at), min(times[name, "end"]))
+            for (name, kind), at in times.items()
+            if kind == "start" and (name, "end") in times
         }
 
-    def stopped(self, prefixes: Collection[str]) -> dict[str, tuple[datetime, datetime]]:
-        starts: dict[str, datetime] = {}
-        ends: dict[str, datetime] = {}
-        ours = tuple(prefixes)
-        for name, (kind, at) in self._firsts(self.LIFE_FILTER, lambda n: n.startswith(ours)):
-            (starts if kind == "start" else ends)[name] = at
-        return {name: (starts[name], ends[name]) for name in starts.keys() & ends.keys()}
-
-    def _firsts(
+    def _times(
         self, expression: str, wanted: Callable[[str], bool]
-    ) -> list[tuple[str, tuple[str, datetime]]]:
-        """(VM, (start or end, the first time of it)) over the matching DONE operations."""
-        firsts: dict[tuple[str, str], datetime] = {}
+    ) -> dict[tuple[str, str], list[datetime]]:
+        """(VM, start or end): the times of the matching DONE operations."""
+        times: dict[tuple[str, str], list[datetime]] = {}
         try:
             pages = self._client.aggregated_list(
                 request={"project": self._project, "filter": expression},
@@ -231,11 +257,11 @@ class ComputeOperationRecords:
                         continue
                     kind = "start" if operation.operation_type == "insert" else "end"
                     at = datetime.fromisoformat(operation.end_time)
-                    firsts[name, kind] = min(firsts.get((name, kind), at), at)
+                    times.setdefault((name, kind), []).append(at)
         except (GoogleAPIError, GoogleAuthError) as error:
             msg = f"reading the Compute operations of project {self._project}: {error}"
             raise GkeError(msg) from error
-        return [(name, (kind, at)) for (name, kind), at in firsts.items()]
+        return times
 
 
 def connect_compute_operations(api_endpoint: str | None = None) -> GlobalOperationsClient:
@@ -305,6 +331,12 @@ class GkePoolProvider:
       quota) or has not been made after `start_timeout_s` is listed with `not_started`:
       the zone cannot serve it now. Compute Engine would retry it for ever, and a real
       stock-out never makes a call fail.
+    - A name is not a machine: a group recreates a preempted or deleted VM under its
+      name, as a new VM with a new `id`, and keeps its target size. Each node is listed
+      with its `life` (the VM's `id`) and, while the group makes it again, as
+      `recreating`, launched from when that was first seen: the scaler closes the life
+      before and bills the new one from there. A recreation that fails is `not_started`,
+      as a create is.
     - `launch()` refuses a pool with GKE autoscaling on (`NodePoolAutoscaledError`: the
       cluster autoscaler owns its size). It grows the smallest zonal groups one VM at a
       time (`resize` to their target plus what they take), never past `max_nodes`, and
@@ -313,12 +345,16 @@ class GkePoolProvider:
       one), never another: a shrink by size would let each group pick VMs at random,
       busy ones included. It returns once Compute Engine accepted the deletion; when it
       raises, the VM is still there and still billed.
-    - While a GKE operation runs on the cluster or the node pool (an upgrade, a repair,
-      someone's resize), and when the API answers 409, 429 or 503, or an operation
-      outlives `operation_timeout_s`, the call raises `ProviderBusyError`: try again,
-      this is no stock-out.
+    - While a GKE operation runs on the node pool (an upgrade, a repair, someone's
+      resize), and when the API answers 409, 429 or 503, or an operation outlives
+      `operation_timeout_s`, the call raises `ProviderBusyError`: try again, this is no
+      stock-out. An operation on the cluster alone (a control-plane upgrade, which runs
+      for many minutes) holds nothing up: the groups are another API's, and GKE lets
+      node-pool work run beside it.
     - `ended(nodes)` reads Compute Engine's record of when each VM stopped (its
-      preemption or deletion operation), through `records` when given.
+      preemption or deletion operation, the first after the life asked about), through
+      `records` when given; one that fell inside an upgrade or repair of its node pool
+      says `maintenance`.
     - Errors from Google or Kubernetes leave as `GkeError` (an `OSError`).
     """
 
@@ -352,7 +388,10 @@ class GkePoolProvider:
             initial=poll_s, maximum=max(poll_s, 10.0), multiplier=1.5
         )
         self._group_refs: dict[str, list[InstanceGroupRef]] = {}
-        self._first_seen: dict[str, datetime] = {}
+        self._base_names: dict[InstanceGroupRef, str] = {}
+        self._lives: dict[str, tuple[str | None, datetime]] = {}
+        """Per VM name, the life last listed (its `id`, `RECREATING`, or None before a VM
+        is made) and when it began."""
 
     def check(self) -> None:
         """At start: each mapped node pool exists, GKE does not autoscale it, and its
@@ -403,13 +442,46 @@ class GkePoolProvider:
     async def release(self, node: str) -> None:
         await asyncio.to_thread(self._release, node)
 
-    async def ended(self, nodes: Collection[str]) -> dict[str, NodeEnd]:
-        """Compute Engine's record of each VM's end (see `ComputeOperationRecords`), when
-        this provider has one to read; GKE nodes are the VMs of the same name."""
+    async def ended(self, nodes: Mapping[str, datetime]) -> dict[str, NodeEnd]:
+        """Compute Engine's record of the end of each VM's life that began then (see
+        `ComputeOperationRecords`), when this provider has one to read; GKE nodes are the
+        VMs of the same name. An end inside an upgrade or repair of the VM's node pool is
+        `maintenance`."""
         if self._records is None or not nodes:
             return {}
-        ends = await asyncio.to_thread(self._records.ended, nodes)
-        return {name: NodeEnd(at, NodeEndSource.RECORDED) for name, at in ends.items()}
+        return await asyncio.to_thread(self._ended, dict(nodes))
+
+    def _ended(self, lives: Mapping[str, datetime]) -> dict[str, NodeEnd]:
+        assert self._records is not None
+        ends = self._records.ended(lives)
+        if not ends:
+            return {}
+        windows = self._maintenance_windows()
+        node_pool_of = {
+            f"{self._base_name(group)}-": gke_pool
+            for _pool, gke_pool, groups in self._every_pool()
+            for group in groups
+        }
+        found = {}
+        for name, at in ends.items():
+            gke_pool = next((g for p, g in node_pool_of.items() if name.startswith(p)), None)
+            maintenance = in_maintenance(at, windows.get(gke_pool or "", []))
+            found[name] = NodeEnd(at, NodeEndSource.RECORDED, maintenance=maintenance)
+        return found
+
+    def _maintenance_windows(self) -> dict[str, list[tuple[datetime, datetime | None]]]:
+        """Per GKE node pool, the (start, end) of each upgrade or repair GKE still lists."""
+        windows: dict[str, list[tuple[datetime, datetime | None]]] = {}
+        for operation in self._operations():
+            if operation.operation_type not in MAINTENANCE or not operation.start_time:
+                continue
+            _, _, gke_pool = operation.target_link.partition("/nodePools/")
+            if not gke_pool:
+                continue
+            start = datetime.fromisoformat(operation.start_time)
+            end = datetime.fromisoformat(operation.end_time) if operation.end_time else None
+            windows.setdefault(gke_pool, []).append((start, end))
+        return windows
 
     async def stopped(self) -> list[StoppedNode]:
         """The VMs of each pool's instance groups that Compute Engine made and saw stop
@@ -425,7 +497,7 @@ class GkePoolProvider:
         pools = {}
         for pool, _gke_pool, groups in self._every_pool():
             for group in groups:
-                pools[f"{self._manager(group).base_instance_name}-"] = pool
+                pools[f"{self._base_name(group)}-"] = pool
         lives = self._records.stopped(list(pools))
         return [
             StoppedNode(name=name, pool=pool, launched_at=started)
@@ -444,18 +516,41 @@ class GkePoolProvider:
                     if instance.current_action in LEAVING:
                         continue
                     name = instance.name
-                    at = (
-                        self._first_seen.get(name)
-                        or registered.get(name)
-                        or self._first_seen.setdefault(name, now)
-                    )
-                    why = None if name in registered else self._not_started(instance, group, at)
+                    recreating = instance.current_action == RECREATING
+                    life = None if recreating or not instance.id else str(instance.id)
+                    at = self._life_began(name, RECREATING if recreating else life, now)
+                    if at is None:
+                        # Never listed here: a VM made again is new; else it began when
+                        # Kubernetes registered it (a restarted scaler's view).
+                        at = now if recreating else registered.get(name) or now
+                    self._lives[name] = (RECREATING if recreating else life, at)
+                    # A recreated VM's Kubernetes node may still be listed from its last life.
+                    started = name in registered and not recreating
+                    why = None if started else self._not_started(instance, group, at)
                     provided.append(
-                        ProvidedNode(name=name, pool=pool, launched_at=at, not_started=why)
+                        ProvidedNode(
+                            name=name,
+                            pool=pool,
+                            launched_at=at,
+                            not_started=why,
+                            life=life,
+                            recreating=recreating,
+                        )
                     )
         listed = {node.name for node in provided}
-        self._first_seen = {n: at for n, at in self._first_seen.items() if n in listed}
+        self._lives = {n: life for n, life in self._lives.items() if n in listed}
         return provided
+
+    def _life_began(self, name: str, life: str | None, now: datetime) -> datetime | None:
+        """When the life of `name` now listed began: as remembered while it is the same
+        machine (or the one being made for it), now for a new one; None for a name this
+        provider never listed (its Kubernetes node's registration, else now)."""
+        known = self._lives.get(name)
+        if known is None:
+            return None
+        was, began = known
+        same = was in (None, life) or (was == RECREATING and life is not None)
+        return began if same else now
 
     def _not_started(
         self, instance: ManagedInstance, group: InstanceGroupRef, since: datetime
@@ -495,7 +590,7 @@ class GkePoolProvider:
             self._resize(group, size + more)
             made = sorted(i.name for i in self._instances(group) if i.name not in before)
             for name in made:
-                self._first_seen.setdefault(name, self._clock.now())
+                self._lives.setdefault(name, (None, self._clock.now()))
             log.info("gke.resize", gke_pool=gke_pool, group=group.name, size=size + more, made=made)
             launched += made
         return launched
@@ -591,6 +686,12 @@ class GkePoolProvider:
         )
         return self._call(f"listing the VMs of {group}", lambda: list(pages))
 
+    def _base_name(self, group: InstanceGroupRef) -> str:
+        """The group's base instance name, which starts each of its VMs' names."""
+        if group not in self._base_names:
+            self._base_names[group] = self._manager(group).base_instance_name
+        return self._base_names[group]
+
     def _target_size(self, group: InstanceGroupRef) -> int:
         return int(self._manager(group).target_size)
 
@@ -625,17 +726,27 @@ class GkePoolProvider:
             )
             raise NodePoolAutoscaledError(msg)
 
-    def _refuse_while_operating(self, gke_pool: str) -> None:
-        """GKE runs one operation at a time on a cluster, and an upgrade or repair of the
-        node pool works on its groups: changing them meanwhile would fight it."""
+    def _operations(self) -> Sequence[Operation]:
         parent = f"projects/{self._cluster.project}/locations/{self._cluster.location}"
         listed = self._call(
             f"listing the GKE operations of {parent}",
             lambda: self._client.list_operations(parent=parent, timeout=CALL_TIMEOUT_S),
         )
         cluster = f"/clusters/{self._cluster.cluster}"
-        ours = (cluster, f"{cluster}/nodePools/{gke_pool}")
-        for operation in listed.operations:
+        return [
+            operation
+            for operation in listed.operations
+            if operation.target_link.endswith(cluster)
+            or f"{cluster}/nodePools/" in operation.target_link
+        ]
+
+    def _refuse_while_operating(self, gke_pool: str) -> None:
+        """An upgrade or repair of the node pool works on its groups (a surge upgrade
+        adds VMs and drains and deletes others): changing them meanwhile would fight it.
+        The cluster's own operations (a control-plane upgrade) are no reason to wait: the
+        groups are the Compute API's, and the cluster autoscaler does not wait either."""
+        ours = f"/clusters/{self._cluster.cluster}/nodePools/{gke_pool}"
+        for operation in self._operations():
             if operation.status in OPERATING and operation.target_link.endswith(ours):
                 msg = (
                     f"GKE operation {operation.name} ({operation.operation_type.name}) is "
