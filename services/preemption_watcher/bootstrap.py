@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from contextlib import AsyncExitStack
 from datetime import timedelta
 
@@ -84,9 +85,22 @@ def _source(
 
             api_client = kubernetes_api_client(settings.k8s_kubeconfig)
             stack.callback(api_client.close)
+            graces = None
+            if settings.k8s_gke_cluster is not None:
+                from services.preemption_watcher.adapters.gke_node_pools import (  # noqa: PLC0415
+                    NodePoolGraces,
+                    connect_cluster_manager,
+                )
+
+                graces = NodePoolGraces(
+                    connect_cluster_manager(settings.gke_api_endpoint),
+                    settings.k8s_gke_cluster,
+                    clock=time.monotonic,
+                )
             return KubernetesNodeSource.over(
                 api_client,
                 clock,
                 rules=NodeRules(pool_label=settings.k8s_pool_label),
+                graces=graces,
                 watch_timeout_s=settings.k8s_watch_timeout_s,
             )

@@ -46,6 +46,14 @@ class PreemptionWatcherSettings(RuntimeSettings):
     k8s_kubeconfig: Path | None = None
     """Outside a cluster: the kubeconfig to use; inside one, its service account is."""
     k8s_watch_timeout_s: int = Field(300, gt=0)
+    k8s_gke_cluster: str | None = Field(
+        None, pattern=r"^projects/[^/]+/locations/[^/]+/clusters/[^/]+$"
+    )
+    """On GKE, `projects/P/locations/L/clusters/C`: each node pool's notice is read from its
+    kubelet shutdown grace (up to 120 s for Spot node pools); else every Spot node's is
+    GKE's default, 15 s."""
+    gke_api_endpoint: str | None = None
+    """Another GKE API endpoint (a local fake), with no credentials."""
 
     @model_validator(mode="after")
     def _sources_are_configured(self) -> PreemptionWatcherSettings:

@@ -55,6 +55,8 @@ class FakeNodePool:
     groups: list[FakeGroup]
     """Its zonal managed instance groups, one per zone, in the fake Compute API."""
     autoscaling: dict[str, Any] | None = None
+    kubelet_config: dict[str, Any] | None = None
+    """Its node system configuration's kubelet part (`config.kubeletConfig`), as set."""
 
     @property
     def locations(self) -> list[str]:
@@ -70,6 +72,8 @@ class FakeNodePool:
         }
         if self.autoscaling is not None:
             body["autoscaling"] = self.autoscaling
+        if self.kubelet_config is not None:
+            body["config"] = {"kubeletConfig": self.kubelet_config}
         return body
 
 

@@ -19,6 +19,10 @@ import pytest
 from kubernetes.client import ApiClient, Configuration
 from kubernetes.client.exceptions import ApiException
 
+from services.preemption_watcher.adapters.gke_node_pools import (
+    NodePoolGraces,
+    connect_cluster_manager,
+)
 from services.preemption_watcher.adapters.k8s_nodes import (
     KubernetesNodeSource,
     kubernetes_api_client,
@@ -28,6 +32,8 @@ from services.preemption_watcher.payloads.k8s_nodes import IMPENDING_TERMINATION
 from shared.events.data import NodeLost, NodePreempting, NoticeSource
 from tests.async_helpers import eventually
 from tests.fakes.clock import FixedClock
+from tests.fakes.compute_server import FakeCompute
+from tests.fakes.gke_server import FakeGke, FakeNodePool, serve_fake_gke
 from tests.fakes.k8s_server import FakeKubernetes, serve_fake_kubernetes
 
 pytestmark = pytest.mark.integration
@@ -341,3 +347,50 @@ async def test_a_maintenance_scheduled_days_ahead_is_told_once_it_is_near(
     (signal,) = run.seen
     assert isinstance(signal.data, NodePreempting)
     assert signal.data.deadline == when
+
+
+async def test_a_node_pools_longer_shutdown_grace_is_its_notice(
+    kube: FakeKubernetes, api_client: ApiClient, clock: FixedClock
+) -> None:
+    """Issue 36, 4: a Spot node pool given 120 s of shutdown grace (15 of them for critical
+    pods) gives a training pod 105 s; the source reads it from the GKE API through the real
+    client, and a pool it cannot find keeps GKE's default 15 s."""
+    compute = FakeCompute(project="proj", zones=["europe-west4-a"])
+    gke = FakeGke(
+        project="proj",
+        location="europe-west4",
+        cluster="train",
+        compute=compute,
+        pools={
+            "gpu-spot": FakeNodePool(
+                "gpu-spot",
+                [],
+                kubelet_config={
+                    "shutdownGracePeriodSeconds": 120,
+                    "shutdownGracePeriodCriticalPodsSeconds": 15,
+                },
+            )
+        },
+    )
+    other = spot_node("gke-spotrain-gpu-old-5f1c2a3b-m3n9", "0d4c2a1e-7b6f-4e5d-9c8b-a7f6e5d4c3b2")
+    other["metadata"]["labels"]["cloud.google.com/gke-nodepool"] = "gpu-old"
+    kube.add_node(SPOT)
+    kube.add_node(other)
+    with serve_fake_gke(gke):
+        graces = NodePoolGraces(
+            connect_cluster_manager(gke.endpoint),
+            "projects/proj/locations/europe-west4/clusters/train",
+            clock=time.monotonic,
+        )
+        async with running(KubernetesNodeSource.over(api_client, clock, graces=graces)) as run:
+            await watching(kube)
+            kube.modify_node(SPOT_NAME, add_termination_taint)
+            kube.modify_node(other["metadata"]["name"], add_termination_taint)
+            await eventually(lambda: len(run.seen) >= 2)
+    deadlines = {
+        s.data.node: s.data.deadline for s in run.seen if isinstance(s.data, NodePreempting)
+    }
+    assert deadlines == {
+        SPOT_NAME: TAINTED_AT + timedelta(seconds=105),
+        other["metadata"]["name"]: TAINTED_AT + timedelta(seconds=15),
+    }

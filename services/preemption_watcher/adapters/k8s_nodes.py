@@ -8,6 +8,7 @@ import contextlib
 import json
 import threading
 from collections.abc import AsyncGenerator, Callable
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any, cast
@@ -29,6 +30,8 @@ from services.preemption_watcher.payloads.k8s_nodes import (
     read_node,
     signals_of,
 )
+from services.preemption_watcher.policy import pod_notice_s
+from services.preemption_watcher.ports import ShutdownGraces
 from shared.clock import Clock
 
 log = structlog.get_logger()
@@ -76,6 +79,7 @@ class KubernetesNodeSource:
         clock: Clock,
         *,
         rules: NodeRules = NodeRules(),  # noqa: B008 -- frozen, so one shared default is safe
+        graces: ShutdownGraces | None = None,
         watch_timeout_s: int = 300,
         connect_timeout_s: float = 10.0,
         relist_delay_s: float = 1.0,
@@ -83,6 +87,7 @@ class KubernetesNodeSource:
         self._core = core
         self._clock = clock
         self._rules = rules
+        self._graces = graces
         self._watch_timeout_s = watch_timeout_s
         self._connect_timeout_s = connect_timeout_s
         self._relist_delay_s = relist_delay_s
@@ -99,6 +104,7 @@ class KubernetesNodeSource:
         clock: Clock,
         *,
         rules: NodeRules = NodeRules(),  # noqa: B008 -- frozen, so one shared default is safe
+        graces: ShutdownGraces | None = None,
         watch_timeout_s: int = 300,
         connect_timeout_s: float = 10.0,
         relist_delay_s: float = 1.0,
@@ -108,6 +114,7 @@ class KubernetesNodeSource:
             CoreV1Api(api_client),
             clock,
             rules=rules,
+            graces=graces,
             watch_timeout_s=watch_timeout_s,
             connect_timeout_s=connect_timeout_s,
             relist_delay_s=relist_delay_s,
@@ -204,6 +211,7 @@ class KubernetesNodeSource:
     def _retell(self, follower: _Follower) -> None:
         """At a watch's end, the nodes as last seen, read again now: a notice that a node
         carried ahead of its time (a host maintenance days away) is told once it is due."""
+        self._read_graces()
         now = self._clock.now()
         for node in list(self._known.values()):
             for signal in self._tell(WatchEventType.MODIFIED, node, now):
@@ -232,12 +240,34 @@ class KubernetesNodeSource:
                 listed_nodes[node.metadata.uid] = node
         gone = [node for uid, node in self._known.items() if uid not in listed_nodes]
         self._known, self._told = listed_nodes, {}
+        self._read_graces()
         signals = []
         for node in listed_nodes.values():
             signals += self._tell(WatchEventType.ADDED, node, now)
         for node in gone:
             signals += self._tell(WatchEventType.DELETED, node, now)
         return listed.metadata.resource_version, signals
+
+    def _read_graces(self) -> None:
+        """The notice of each node pool of the nodes known, from its shutdown grace, read
+        at each list and each watch's end; one that cannot be read keeps what it had."""
+        if self._graces is None:
+            return
+        pools = {
+            pool
+            for node in self._known.values()
+            if (pool := node.metadata.labels.get(self._rules.pool_label)) is not None
+        }
+        try:
+            graces = self._graces.graces(pools)
+        except OSError as error:
+            log.warning("k8s.shutdown_graces_unread", error=str(error))
+            return
+        notices = {
+            pool: pod_notice_s(grace, critical, self._rules.notice_s)
+            for pool, (grace, critical) in graces.items()
+        }
+        self._rules = replace(self._rules, pool_notice_s={**self._rules.pool_notice_s, **notices})
 
     def _apply(self, kind: WatchEventType, raw: Any) -> list[NodeSignal]:
         """One watch event on a node: what the source knows, and the signals it implies."""

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Annotated, Any, TypeVar
 
@@ -43,6 +43,7 @@ from pydantic import AwareDatetime, BaseModel, BeforeValidator, ConfigDict, Fiel
 from pydantic.alias_generators import to_camel
 
 from services.preemption_watcher.model import NodeSignal
+from services.preemption_watcher.policy import NoticeRules, node_deadline
 from shared.events.data import NodeLost, NodePreempting, NoticeSource
 
 GKE_NODEPOOL_LABEL = "cloud.google.com/gke-nodepool"
@@ -66,16 +67,11 @@ class WatchEventType(StrEnum):
 
 
 @dataclass(frozen=True)
-class NodeRules:
-    """How to read a Node: the label that names its pool, how long each notice lasts."""
+class NodeRules(NoticeRules):
+    """How to read a Node: the label that names its pool, and how long each notice lasts
+    (`policy.NoticeRules`: a node pool's own, where its shutdown grace was read)."""
 
     pool_label: str = GKE_NODEPOOL_LABEL
-    notice_s: float = 15.0
-    """What a training pod has of a Spot or preemptible VM's end: GKE's kubelet gives
-    non-system pods the first 15 s of the VM's 30."""
-    maintenance_notice_s: float = 3600.0
-    """How long before a scheduled host maintenance it is a notice (and an on-demand VM's
-    notice under the old termination handler's taint)."""
 
 
 class MalformedNodeError(ValueError):
@@ -222,27 +218,26 @@ def signals_of(
 
 
 def _deadline(node: KubeNode, now: datetime, rules: NodeRules) -> datetime | None:
-    """When the node's VM goes, by the earliest sign that it will; None if there is none."""
-    deadlines = []
+    """The node's signs, read, for `policy.node_deadline` to weigh."""
     taint = node.taint(IMPENDING_TERMINATION_TAINT)
-    if taint is not None:
-        notice_s = rules.notice_s if node.is_spot else rules.maintenance_notice_s
-        deadlines.append((taint.time_added or now) + timedelta(seconds=notice_s))
-    maintenance = _scheduled_maintenance(node)
-    if (
-        maintenance is not None
-        and (maintenance - now).total_seconds() <= rules.maintenance_notice_s
-    ):
-        deadlines.append(maintenance)
     ready = next((c for c in node.status.conditions if c.type == "Ready"), None)
-    if (
+    shutting_down = (
         ready is not None
         and ready.status == "False"
         and SHUTTING_DOWN in (ready.message or "")
         and node.taint(SCALE_DOWN_TAINT) is None
-    ):
-        deadlines.append((ready.last_transition_time or now) + timedelta(seconds=rules.notice_s))
-    return min(deadlines, default=None)
+    )
+    return node_deadline(
+        now=now,
+        pool=_pool(node, rules),
+        is_spot=node.is_spot,
+        tainted=taint is not None,
+        termination_taint_at=taint.time_added if taint is not None else None,
+        maintenance_at=_scheduled_maintenance(node),
+        shutting_down=shutting_down,
+        shutting_down_since=ready.last_transition_time if ready is not None else None,
+        rules=rules,
+    )
 
 
 def _scheduled_maintenance(node: KubeNode) -> datetime | None:

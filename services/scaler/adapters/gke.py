@@ -13,7 +13,6 @@ from datetime import datetime
 from typing import Any, Protocol, Self, TypeVar
 
 import structlog
-from google.api_core.client_options import ClientOptions
 from google.api_core.exceptions import (
     BadRequest,
     Conflict,
@@ -23,7 +22,6 @@ from google.api_core.exceptions import (
     TooManyRequests,
 )
 from google.api_core.future.polling import DEFAULT_POLLING
-from google.auth.credentials import AnonymousCredentials
 from google.auth.exceptions import GoogleAuthError
 from google.cloud.compute_v1 import (
     GlobalOperationsClient,
@@ -40,6 +38,7 @@ from services.scaler.ports import ProvidedNode, ProviderBusyError
 from shared.clock import Clock
 from shared.cost.node_ends import NodeEnd
 from shared.events.data import NodeEndSource
+from shared.gcp import client_kwargs
 
 NODE_POOL_LABEL = "cloud.google.com/gke-nodepool"
 """The label GKE puts on every Kubernetes node with the name of its node pool."""
@@ -266,15 +265,7 @@ class ComputeOperationRecords:
 
 def connect_compute_operations(api_endpoint: str | None = None) -> GlobalOperationsClient:
     """As `connect_cluster_manager`, for the Compute API's operations."""
-    if api_endpoint is None:
-        return GlobalOperationsClient(transport="rest")
-    plain_http = api_endpoint.startswith("http://")
-    credentials = AnonymousCredentials() if plain_http else None  # type: ignore[no-untyped-call]
-    return GlobalOperationsClient(
-        credentials=credentials,
-        transport="rest",
-        client_options=ClientOptions(api_endpoint=api_endpoint),
-    )
+    return GlobalOperationsClient(**client_kwargs(api_endpoint))
 
 
 @dataclass(frozen=True)
@@ -787,33 +778,19 @@ class GkePoolProvider:
 
 
 def connect_cluster_manager(api_endpoint: str | None = None) -> ClusterManagerClient:
-    """A REST client with application default credentials; an `http://` endpoint (a local
-    fake or emulator) gets anonymous ones, so no real credential travels unencrypted."""
-    if api_endpoint is None:
-        return ClusterManagerClient(transport="rest")
-    plain_http = api_endpoint.startswith("http://")
-    credentials = AnonymousCredentials() if plain_http else None  # type: ignore[no-untyped-call]
-    return ClusterManagerClient(
-        credentials=credentials,
-        transport="rest",
-        client_options=ClientOptions(api_endpoint=api_endpoint),
-    )
+    """A REST client on Google's endpoint, or another (`shared.gcp.client_kwargs`)."""
+    return ClusterManagerClient(**client_kwargs(api_endpoint))
 
 
 def connect_instance_groups(api_endpoint: str | None = None) -> InstanceGroupManagersClient:
     """As `connect_cluster_manager`, for the Compute API's managed instance groups."""
-    if api_endpoint is None:
-        return InstanceGroupManagersClient(transport="rest")
-    plain_http = api_endpoint.startswith("http://")
-    credentials = AnonymousCredentials() if plain_http else None  # type: ignore[no-untyped-call]
-    options = ClientOptions(api_endpoint=api_endpoint)
-    client = InstanceGroupManagersClient(
-        credentials=credentials, transport="rest", client_options=options
-    )
-    # The client polls its operations through a ZoneOperationsClient it makes itself, on
-    # the default endpoint whatever the options say (google-cloud-compute 1.x): give it
-    # one on the same endpoint, or another endpoint's operations are polled on Google's.
-    client.transport._extended_operations_services["zone_operations"] = ZoneOperationsClient(
-        credentials=credentials, transport="rest", client_options=options
-    )
+    client = InstanceGroupManagersClient(**client_kwargs(api_endpoint))
+    if api_endpoint is not None:
+        # The client polls its operations through a ZoneOperationsClient it makes itself,
+        # on the default endpoint whatever the options say (google-cloud-compute 1.x): give
+        # it one on the same endpoint, or another endpoint's operations are polled on
+        # Google's.
+        client.transport._extended_operations_services["zone_operations"] = ZoneOperationsClient(
+            **client_kwargs(api_endpoint)
+        )
     return client
