@@ -10,6 +10,9 @@ from typing import Any
 
 import yaml
 
+from services.preemption_watcher.adapters.gke_node_pools import (
+    REQUIRED_PERMISSIONS as WATCHER_PERMISSIONS,
+)
 from services.scaler.adapters.gke import REQUIRED_PERMISSIONS
 from tests.fakes.kuberay_validation import SUPPORTED_OPERATOR
 from tests.helm.chart import CHART
@@ -51,3 +54,13 @@ def test_the_scalers_role_holds_what_the_gke_provider_calls_take() -> None:
     assert sorted(re.findall(r"`([a-z]+\.[a-zA-Z]+\.[a-zA-Z]+)`", row)) == sorted(
         REQUIRED_PERMISSIONS
     )
+
+
+def test_the_watchers_role_holds_what_reading_node_pools_takes() -> None:
+    (created,) = re.findall(
+        r"roles create spotrainNodePoolReader .*?--permissions (\S+)", TEXT, re.S
+    )
+    assert sorted(created.split(",")) == sorted(WATCHER_PERMISSIONS)
+    rows = [line for line in TEXT.splitlines() if line.startswith("| `spotrain-watcher`")]
+    held = {p for row in rows for p in re.findall(r"`([a-z]+\.[a-zA-Z]+\.[a-zA-Z]+)`", row)}
+    assert held == set(WATCHER_PERMISSIONS)

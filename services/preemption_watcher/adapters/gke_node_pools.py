@@ -19,6 +19,9 @@ log = structlog.get_logger()
 
 CLUSTER = re.compile(r"^projects/[^/]+/locations/[^/]+/clusters/[^/]+$")
 CALL_TIMEOUT_S = 15.0
+REQUIRED_PERMISSIONS = {"container.clusters.get": "read a node pool's kubelet configuration"}
+"""The IAM permissions this adapter's calls take, each with why: the guide's custom role
+(docs/deploy-gke.md, step 2; a test holds the two together)."""
 
 
 class NodePoolGraces:
