@@ -88,6 +88,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/deadline.py
 	$(BIN)/python bench/spot_market.py
 	$(BIN)/python bench/platform_queue.py
+	$(BIN)/python bench/gke.py
 
 clean:
 	rm -rf $(VENV) .tools .mypy_cache .ruff_cache .pytest_cache .hypothesis
