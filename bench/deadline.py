@@ -1,6 +1,8 @@
 """One job with a deadline on every real spot trace of ../shared/traces/spot, head to head:
-spotrain's deadline policy against the paper's Uniform Progress, greedy, all on-demand, and
-the offline optimum (`spotrain simulate deadline`'s model).
+spotrain's deadline policy, alone and told a capacity advice modelled from the trace's own
+next hour (right 80% of the time: `spotrain-forecast`), against the paper's Uniform
+Progress, greedy, all on-demand, and the offline optimum (`spotrain simulate deadline`'s
+model).
 
 For (work, deadline) = (24 h, 48 h), (48 h, 52 h), (48 h, 72 h), (12 h, 14 h), a restart
 overhead of 0.2 h and spot at 0.3 of on-demand: at least 20 start offsets per trace, spread
@@ -23,13 +25,16 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from services.scaler.simulation.deadline import POLICIES, DeadlineJob, check, run
+from services.scaler.simulation.deadline import FORECAST, POLICIES, DeadlineJob, check, run
 from services.scaler.simulation.traces import SpotTrace, read_spot_trace
 
 CASES = ((24.0, 48.0), (48.0, 52.0), (48.0, 72.0), (12.0, 14.0))
 OVERHEAD_H = 0.2
 SPOT_PRICE_RATIO = 0.3
 TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "spot"
+NAMES = (*POLICIES[:1], FORECAST, *POLICIES[1:])
+"""The platform's policy, then the same told a capacity advice modelled from the trace's
+next hour (right 80% of the time), then the others."""
 
 
 def offsets(trace: SpotTrace, deadline_h: float, count: int) -> list[int]:
@@ -58,7 +63,7 @@ def _one_trace(
         case = DeadlineJob(work_h, deadline_h, OVERHEAD_H, SPOT_PRICE_RATIO)
         for start in offsets(trace, deadline_h, count):
             check(trace, start, case)
-            outcomes = {name: run(name, trace, start, case) for name in POLICIES}
+            outcomes = {name: run(name, trace, start, case) for name in NAMES}
             results.append({n: (o.cost_od_hours, o.met_deadline) for n, o in outcomes.items()})
     print(f"  {path.relative_to(root)} done", file=sys.stderr)
     return family, results
@@ -91,12 +96,12 @@ def main() -> int:
                         met[key].append(deadline_met)
                         ratios[key].append(cost / best)
     families = [*sorted({f for f, _ in ratios if f != "all"}), "all"]
-    header = f"{'family':<34}" + "".join(f"{n:>18}" for n in POLICIES)
+    header = f"{'family':<34}" + "".join(f"{n:>18}" for n in NAMES)
     print("mean cost ÷ optimal (worst), deadlines met")
     print(header)
     for family in families:
         cells = []
-        for name in POLICIES:
+        for name in NAMES:
             values = ratios[family, name]
             share = sum(met[family, name]) / len(met[family, name])
             cells.append(f"{statistics.fmean(values):.3f} ({max(values):.2f}) {share:.0%}")
@@ -116,12 +121,13 @@ def main() -> int:
     print(f"families where spotrain is not cheaper than both: {beaten or 'none'}")
     print(f"runs: {sum(runs.values())}, {time.perf_counter() - started:.0f} s")
     print()
-    for name in POLICIES:
-        key = name.replace("-", "_")
+    for name in NAMES:
+        label = name.replace("-", "_")
         values = ratios["all", name]
-        print(f"deadline_met_pct_{key}: {100 * sum(met['all', name]) / len(met['all', name]):.1f}")
-        print(f"deadline_cost_over_optimal_mean_{key}: {statistics.fmean(values):.4f}")
-        print(f"deadline_cost_over_optimal_worst_{key}: {max(values):.4f}")
+        share = 100 * sum(met["all", name]) / len(met["all", name])
+        print(f"deadline_met_pct_{label}: {share:.1f}")
+        print(f"deadline_cost_over_optimal_mean_{label}: {statistics.fmean(values):.4f}")
+        print(f"deadline_cost_over_optimal_worst_{label}: {max(values):.4f}")
     return 0
 
 

@@ -131,6 +131,37 @@ def outlook(
     )
 
 
+class SpotAdvice(Frozen):
+    """What the cloud forecasts of a spot pool now (Compute Engine's capacity advice for
+    Spot VMs, or the local stack's equivalent from its market trace)."""
+
+    obtainability: Annotated[float, Field(ge=0, le=1)]
+    """How likely a request for the pool's VMs is to be served now: 0.7 and up is likely,
+    0.3 and below unlikely (Compute Engine's bands)."""
+    uptime_h: Annotated[float, Field(ge=0)] | None = None
+    """The least most of the pool's VMs are expected to run before they are taken back
+    (Compute Engine says 10 min or 60 min); None when the cloud gives none."""
+
+
+LONG_UPTIME_H = 1.0
+"""An advised uptime this long or longer says the window is at least that long; shorter,
+that it ends about then."""
+
+
+def advised(outlook: SpotOutlook, advice: SpotAdvice | None) -> SpotOutlook:
+    """The outlook with the cloud's forecast of the window now: an uptime of an hour or
+    more is a floor under what was learnt (most VMs run at least that long), a shorter one
+    a ceiling (most are taken back about then). The learnt rest (how good the pool has
+    been) is kept. No advice, or no uptime in it: the outlook as learnt."""
+    if advice is None or advice.uptime_h is None:
+        return outlook
+    if advice.uptime_h >= LONG_UPTIME_H:
+        window_h = max(outlook.mean_window_h, advice.uptime_h)
+    else:
+        window_h = min(outlook.mean_window_h, advice.uptime_h)
+    return outlook.model_copy(update={"mean_window_h": window_h})
+
+
 class DeadlineState(Frozen):
     """One job at a decision: how far it is from done and from its deadline, what it runs on,
     and what spot looks like."""

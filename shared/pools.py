@@ -7,7 +7,7 @@ from datetime import datetime
 
 from pydantic import AwareDatetime, Field
 
-from shared.deadline import SpotOutlook
+from shared.deadline import SpotAdvice, SpotOutlook
 from shared.events.types import CapacityClass, Frozen
 from shared.messaging.ports import KeyValue
 
@@ -43,6 +43,8 @@ class PoolStatus(Frozen):
     """Growths it refused for want of capacity."""
     outlook: SpotOutlook | None = None
     """A spot pool's availability as seen (`shared.deadline`): for deadline decisions."""
+    advice: SpotAdvice | None = None
+    """What the cloud forecasts of a spot pool now (its capacity advice), where it says."""
 
     @property
     def can_grow(self) -> bool:

@@ -22,7 +22,7 @@ from services.scaler.handlers import (
     reconcile,
 )
 from services.scaler.model import PoolSpec
-from services.scaler.ports import PoolProvider
+from services.scaler.ports import CapacityAdvisor, PoolProvider
 from services.scaler.settings import ScalerSettings
 from shared.clock import SystemClock
 from shared.events.types import CapacityClass
@@ -65,6 +65,8 @@ async def bootstrap(bus: EventBus, stack: AsyncExitStack) -> ServiceDefinition:
         history=BusNodeHistory(bus),
         pass_interval_s=settings.reconcile_interval_s,
     )
+    if settings.capacity_advice and isinstance(deps.provider, CapacityAdvisor):
+        deps.advisor = deps.provider
 
     metrics.declare_pools(deps.pools)
     feed = StreamCostFeed(bus)
@@ -111,6 +113,7 @@ def _provider(
             ComputeOperationRecords,
             GkePoolProvider,
             KubernetesNodeDirectory,
+            connect_advice,
             connect_cluster_manager,
             connect_compute_operations,
             connect_instance_groups,
@@ -136,6 +139,9 @@ def _provider(
                 connect_compute_operations(settings.gke_compute_api_endpoint),
                 settings.gke_project,
             ),
+            advisor=connect_advice(settings.gke_compute_api_endpoint)
+            if settings.capacity_advice
+            else None,
         )
         gke.check()  # a pool it cannot resize stops the scaler at start, saying why
         return gke

@@ -18,6 +18,7 @@ from services.scaler.model import BlockedReason, Demand, PoolSpec, ScalePlan, Sc
 from services.scaler.policy import elastic, lives
 from services.scaler.policy.elastic import move_demand_id
 from services.scaler.ports import (
+    CapacityAdvisor,
     ClusterObserver,
     CostEventFeed,
     DemandStore,
@@ -27,11 +28,12 @@ from services.scaler.ports import (
     ProviderBusyError,
     StatusBoard,
 )
+from shared import deadline
 from shared.clock import Clock
 from shared.cost import CostFold, attributed, month_start, on_demand_counterpart, spend_by_owner
 from shared.cost.attribution import SettledMemo
 from shared.cost.node_ends import OpenNode, best_end, closings, node_history
-from shared.deadline import SpotOutlook
+from shared.deadline import SpotAdvice, SpotOutlook
 from shared.events import Event, EventData, new_event, node_event_id
 from shared.events.data import (
     JobCancelled,
@@ -125,6 +127,11 @@ class Deps:
     """The status the last pass published: what is said again, with the head away."""
     ray_head_away_since: datetime | None = None
     """Since when Ray's head has not answered a pass; None while it answers."""
+    advisor: CapacityAdvisor | None = None
+    """Where the cloud's forecast of the spot pools comes from, if the provider gives one."""
+    advice: dict[str, SpotAdvice] = field(default_factory=dict)
+    """The last forecast read, per spot pool."""
+    advice_read_at: datetime | None = None
 
 
 async def on_job_queued(event: Event[JobQueued], deps: Deps) -> None:
@@ -246,6 +253,7 @@ async def reconcile(deps: Deps) -> ScalePlan:
         pool for pool, until in deps.out_of_capacity_until.items() if until > now
     )
     launched = {name: node.launched_at for name, node in deps.billed_nodes.items()}
+    await _read_advice(deps, now)
     decided = policy.plan(
         deps.pools,
         views,
@@ -274,6 +282,7 @@ async def reconcile(deps: Deps) -> ScalePlan:
         now=now,
         out_of_capacity_until=deps.out_of_capacity_until,
         knowledge=deps.knowledge,
+        advice=deps.advice,
     )
     await deps.status.publish_status(status)
     deps.last_status = status
@@ -490,24 +499,64 @@ async def _report_blocked(deps: Deps, decided: ScalePlan) -> None:
 
 
 def _risk(deps: Deps) -> dict[str, float]:
-    """What each pool's losses, as learnt, add to its price: a restart (its boot) each."""
-    return {
-        pool.name: policy.preemption_risk(
-            record.taken_back, record.node_hours, pool.boot_time_s / 3600
+    """What each pool's losses, as learnt and as the cloud forecasts them, add to its
+    price: a restart (its boot) each."""
+    risk = {}
+    for pool in deps.pools:
+        record = deps.knowledge.get(pool.name)
+        advice = deps.advice.get(pool.name)
+        if record is None and advice is None:
+            continue
+        risk[pool.name] = policy.preemption_risk(
+            record.taken_back if record is not None else 0,
+            record.node_hours if record is not None else 0.0,
+            pool.boot_time_s / 3600,
+            uptime_h=advice.uptime_h if advice is not None else None,
         )
-        for pool in deps.pools
-        if (record := deps.knowledge.get(pool.name)) is not None
-    }
+    return risk
 
 
 def _outlooks(deps: Deps, now: datetime) -> dict[str, SpotOutlook]:
-    """What has been seen of each spot pool, for the deadline policy (a boot a restart)."""
+    """What has been seen of each spot pool, with what the cloud forecasts of it now, for
+    the deadline policy (a boot a restart)."""
     return {
-        pool.name: record.outlook(pool.boot_time_s / 3600, now)
+        pool.name: deadline.advised(
+            record.outlook(pool.boot_time_s / 3600, now), deps.advice.get(pool.name)
+        )
         for pool in deps.pools
         if pool.capacity is CapacityClass.SPOT
         and (record := deps.knowledge.get(pool.name)) is not None
     }
+
+
+ADVICE_EVERY_S = 300.0
+"""How often the cloud's forecast is read: it moves with the market, in minutes, not seconds
+(and each read is an API call per pool)."""
+
+
+async def _read_advice(deps: Deps, now: datetime) -> None:
+    """The cloud's forecast of the spot pools, read again when it is old; one that cannot be
+    read leaves the last one (and a pool never advised on is decided on what was learnt)."""
+    if deps.advisor is None:
+        return
+    if deps.advice_read_at is not None and (now - deps.advice_read_at).total_seconds() < (
+        ADVICE_EVERY_S
+    ):
+        return
+    deps.advice_read_at = now
+    spot = [pool for pool in deps.pools if pool.capacity is CapacityClass.SPOT]
+    try:
+        deps.advice = await deps.advisor.advice(spot)
+    except OSError as error:
+        log.warning("pools.advice_unread", error=str(error))
+        return
+    for pool, advice in deps.advice.items():
+        log.info(
+            "pools.advice",
+            pool=pool,
+            obtainability=advice.obtainability,
+            uptime_h=advice.uptime_h,
+        )
 
 
 async def _learn(

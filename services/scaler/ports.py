@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from services.scaler.model import Demand, ObservedNode, PoolSpec, ProvidedNode, StoppedNode
 from shared.cost.node_ends import NodeEnd
+from shared.deadline import SpotAdvice
 from shared.events import Event
 from shared.pool_knowledge import PoolsKnowledge
 from shared.pools import NodeSightings, OwnersSpend, PoolsStatus
@@ -139,4 +140,15 @@ class CostEventFeed(Protocol):
     async def follow(self, stop: asyncio.Event, add: Callable[[Event[Any]], None]) -> None:
         """Hand each event to `add` until `stop`; an event may come more than once, and
         events of different aggregates in any order."""
+        ...
+
+
+@runtime_checkable
+class CapacityAdvisor(Protocol):
+    """A provider that can say what the cloud forecasts of its spot pools (Compute Engine's
+    capacity advice; the local stack's market trace)."""
+
+    async def advice(self, pools: Sequence[PoolSpec]) -> dict[str, SpotAdvice]:
+        """For each of these spot pools it can advise on: how likely a VM is to be had now,
+        and how long most run before they are taken back. Errors are `OSError`s."""
         ...

@@ -502,6 +502,15 @@ def cancel(job_id: str) -> None:
     out.print(f"cancel requested for {job_id}")
 
 
+def _advice(row: PoolStatus) -> str:
+    """The cloud's forecast of a spot pool: how likely a VM is to be had, and for how long
+    most run (`0.9 · 60m`); empty where it gives none."""
+    if row.advice is None:
+        return ""
+    uptime = "" if row.advice.uptime_h is None else f" · {row.advice.uptime_h * 60:.0f}m"
+    return f"{row.advice.obtainability:.1f}{uptime}"
+
+
 def pools(learnt: bool, output: Output) -> None:
     """What `spotrain pools` does."""
     if learnt:
@@ -528,6 +537,7 @@ def pools(learnt: bool, output: Output) -> None:
             "taken_back": str(row.taken_back),
             "stock_outs": _stock_outs(row),
             "spot_window": f"{row.outlook.mean_window_h:.1f}h" if row.outlook is not None else "",
+            "spot_advice": _advice(row),
         }
         for row in status.pools
     ]
@@ -545,6 +555,7 @@ def pools(learnt: bool, output: Output) -> None:
         Column("taken_back", priority=4),
         Column("min_max", priority=5),
         Column("spot_window", priority=5),
+        Column("spot_advice", priority=5),
     ]
     print_table(columns, rows, output, [row.model_dump(mode="json") for row in status.pools])
     if output is Output.JSON:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from pydantic import AwareDatetime, BaseModel, Field
 
+from shared.deadline import SpotAdvice
 from shared.spot_traces import SpotMarketOption, SpotTrace, read_spot_trace
 
 MARKET_FILE = "spot-markets.json"
@@ -53,6 +54,24 @@ class LocalMarket:
         """How many nodes of the pool the market lets be held now."""
         elapsed_s = (now - self.started_at).total_seconds() * self.speedup
         return self.trace.count_at(elapsed_s)
+
+    def advice(self, now: datetime, held: int) -> SpotAdvice:
+        """The local equivalent of Compute Engine's capacity advice, read off the trace
+        (where the cloud's is a forecast, this one is exact): obtainable when the market
+        lets one more node be held now; an uptime of 60 min when the nodes it lets be held
+        now stay for the next hour of this stack's time, else 10 min (the cloud's two)."""
+        now_count = self.available(now)
+        kept = max(1, min(now_count, held + 1))
+        elapsed_s = (now - self.started_at).total_seconds() * self.speedup
+        hour_s = 3600 * self.speedup
+        ticks = max(1, math.ceil(hour_s / self.trace.gap_s))
+        stays = all(
+            self.trace.count_at(elapsed_s + k * self.trace.gap_s) >= kept for k in range(ticks + 1)
+        )
+        return SpotAdvice(
+            obtainability=1.0 if now_count > held else 0.0,
+            uptime_h=1.0 if stays else 10 / 60,
+        )
 
 
 def load_markets(config: MarketConfig) -> dict[str, LocalMarket]:

@@ -47,6 +47,9 @@ _GROUP = re.compile(
     r"/instanceGroupManagers/(?P<group>[^/]+?)(?:/(?P<verb>resize|deleteInstances|"
     r"listManagedInstances))?$"
 )
+_ADVICE = re.compile(
+    r"^/compute/v1/projects/(?P<project>[^/]+)/regions/(?P<region>[^/]+)/advice/capacity$"
+)
 _ZONE_OPERATION = re.compile(
     r"^/compute/v1/projects/(?P<project>[^/]+)/zones/(?P<zone>[^/]+)/operations/(?P<op>[^/]+)$"
 )
@@ -178,6 +181,11 @@ class FakeCompute:
     """How long a change runs before its operation is DONE."""
     writes_per_s: int = 20
     """Changes accepted per second; past it, 429."""
+    advice: dict[tuple[str, str], tuple[float, int]] = field(default_factory=dict)
+    """The capacity advice for Spot VMs per (zone, machine type): (obtainability, estimated
+    uptime in seconds); a pair it has none for is unobtainable, with no uptime."""
+    advised: list[dict[str, Any]] = field(default_factory=list)
+    """Every capacity advice request's body, in order."""
     failing_deletes: int = 0
     """The next this many `deleteInstances` operations end in an error (a backend error)."""
     changes: list[tuple[str, str, str]] = field(default_factory=list)
@@ -306,6 +314,8 @@ class FakeCompute:
                 return self._answer_group(method, group, query, body)
             if (op := _ZONE_OPERATION.match(path)) is not None:
                 return self._answer_operation(op)
+            if (advice := _ADVICE.match(path)) is not None and method == "POST":
+                return self._answer_advice(advice, body)
             return self._answer_aggregated(path, query)
 
     def _answer_group(
@@ -377,6 +387,51 @@ class FakeCompute:
         )
         self._zone_ops[operation.name] = operation
         return 200, self._operation_json(operation)
+
+    def _answer_advice(
+        self, match: re.Match[str], body: dict[str, Any]
+    ) -> tuple[int, dict[str, Any]]:
+        """Compute Engine's `advice.capacity` ("View Spot VM availability"): for Spot VMs
+        only, of named machine types, in zones of the region asked; one recommendation per
+        zone and machine type, the most obtainable first."""
+        self.advised.append(body)
+        if match["project"] != self.project:
+            return _error(404, f"The resource 'projects/{match['project']}' was not found")
+        region = match["region"]
+        scheduling = body.get("instanceProperties", {}).get("scheduling", {})
+        if scheduling.get("provisioningModel") != "SPOT":
+            return _error(400, "Invalid value for field 'provisioningModel': only SPOT is advised")
+        size = int(body.get("size", 0))
+        if not 1 <= size <= 1000:
+            return _error(400, f"Invalid value for field 'size': {size}")
+        selections = body.get("instanceFlexibilityPolicy", {}).get("instanceSelections", {})
+        machines = [m for s in selections.values() for m in s.get("machineTypes", [])]
+        if not machines:
+            return _error(400, "Required field 'instanceSelections.machineTypes' not specified")
+        zones = []
+        for entry in body.get("distributionPolicy", {}).get("zones", []):
+            zone = str(entry.get("zone", "")).rsplit("/", 1)[-1]
+            if not zone.startswith(f"{region}-"):
+                return _error(400, f"Invalid value for field 'zone': {entry.get('zone')}")
+            zones.append(zone)
+        if not zones:
+            return _error(400, "Required field 'distributionPolicy.zones' not specified")
+        found: list[dict[str, Any]] = []
+        for zone in zones:
+            for machine in machines:
+                obtainability, uptime_s = self.advice.get((zone, machine), (0.0, 0))
+                scores: dict[str, Any] = {"obtainability": obtainability}
+                if uptime_s:
+                    scores["estimatedUptime"] = f"{uptime_s}s"
+                shard = {
+                    "zone": zone,
+                    "machineType": machine,
+                    "instanceCount": size,
+                    "provisioningModel": "SPOT",
+                }
+                found.append({"scores": scores, "shards": [shard]})
+        found.sort(key=lambda r: -r["scores"]["obtainability"])
+        return 200, {"recommendations": found}
 
     def _answer_operation(self, match: re.Match[str]) -> tuple[int, dict[str, Any]]:
         operation = self._zone_ops.get(match["op"])

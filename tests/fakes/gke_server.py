@@ -57,6 +57,7 @@ class FakeNodePool:
     autoscaling: dict[str, Any] | None = None
     kubelet_config: dict[str, Any] | None = None
     """Its node system configuration's kubelet part (`config.kubeletConfig`), as set."""
+    machine_type: str = "g2-standard-8"
 
     @property
     def locations(self) -> list[str]:
@@ -72,8 +73,9 @@ class FakeNodePool:
         }
         if self.autoscaling is not None:
             body["autoscaling"] = self.autoscaling
+        body["config"] = {"machineType": self.machine_type}
         if self.kubelet_config is not None:
-            body["config"] = {"kubeletConfig": self.kubelet_config}
+            body["config"]["kubeletConfig"] = self.kubelet_config
         return body
 
 

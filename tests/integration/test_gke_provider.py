@@ -26,6 +26,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
+from google.api_core.exceptions import BadRequest
 from pydantic import ValidationError
 
 from services.scaler.adapters.gke import (
@@ -36,6 +37,8 @@ from services.scaler.adapters.gke import (
     KubeNode,
     NodePoolAutoscaledError,
     NodePoolNotFoundError,
+    _advice_request,
+    connect_advice,
     connect_cluster_manager,
     connect_compute_operations,
     connect_instance_groups,
@@ -46,6 +49,7 @@ from services.scaler.model import PoolSpec
 from services.scaler.ports import ProviderBusyError
 from services.scaler.settings import ScalerSettings
 from shared.cost.node_ends import NodeEnd
+from shared.deadline import SpotAdvice
 from shared.events.data import NodeEndSource
 from shared.events.types import CapacityClass
 from tests.fakes.clock import FixedClock
@@ -692,3 +696,49 @@ async def test_a_node_a_surge_upgrade_replaces_ended_for_maintenance(
     od = next(n.name for n in await provider.nodes() if n.pool == "gpu-on-demand")
     compute.preempt(od)
     assert not (await provider.ended({od: since}))[od].maintenance, "another node pool"
+
+
+async def test_the_capacity_advice_answers_for_the_pools_zones(
+    gke: FakeGke, compute: FakeCompute, clock: FixedClock
+) -> None:
+    """Issue 36, 5: through the real AdviceClient, one request per spot pool, for one VM of
+    its node pool's machine type in any one of its zones: the best zone's obtainability and
+    estimated uptime. A pool in one zone is advised on that zone; an on-demand pool is not
+    asked about."""
+    compute.advice = {
+        (ZONES[0], "g2-standard-8"): (0.2, 600),
+        (ZONES[1], "g2-standard-8"): (0.9, 3600),
+    }
+    provider = GkePoolProvider(
+        client=connect_cluster_manager(gke.endpoint),
+        groups=connect_instance_groups(compute.endpoint),
+        cluster=ClusterRef(project="proj", location="europe-west4", cluster="train"),
+        node_pools={**NODE_POOLS, "gpu-spot-a": "np-gpu-spot"},
+        zones={**ZONE_OF, "gpu-spot-a": ZONES[0]},
+        directory=BootedNodes(gke, clock),
+        clock=clock,
+        advisor=connect_advice(compute.endpoint),
+    )
+    spot_a = SPOT.model_copy(update={"name": "gpu-spot-a", "zone": ZONES[0]})
+    advice = await provider.advice([SPOT, SPOT_B, spot_a, ON_DEMAND])
+    assert advice == {
+        "gpu-spot": SpotAdvice(obtainability=0.9, uptime_h=1.0),
+        "gpu-spot-b": SpotAdvice(obtainability=0.9, uptime_h=1.0),
+        "gpu-spot-a": SpotAdvice(obtainability=0.2, uptime_h=600 / 3600),
+    }
+    first = compute.advised[0]
+    assert first["instanceProperties"]["scheduling"]["provisioningModel"] == "SPOT"
+    assert [z["zone"] for z in first["distributionPolicy"]["zones"]] == [
+        f"projects/proj/zones/{zone}" for zone in ZONES
+    ]
+    assert len(compute.advised) == 3
+
+
+def test_a_refused_advice_request_is_a_gke_error(compute: FakeCompute) -> None:
+    """The API's 400 for a request it does not take (a zone of another region), through the
+    real client."""
+    request = _advice_request("proj", "g2-standard-8", ["us-central1-a"])
+    with pytest.raises(BadRequest, match="zone"):
+        connect_advice(compute.endpoint).capacity(
+            project="proj", region="europe-west4", capacity_advice_request_resource=request
+        )

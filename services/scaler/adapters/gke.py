@@ -24,6 +24,15 @@ from google.api_core.exceptions import (
 from google.api_core.future.polling import DEFAULT_POLLING
 from google.auth.exceptions import GoogleAuthError
 from google.cloud.compute_v1 import (
+    AdviceClient,
+    CapacityAdviceRequest,
+    CapacityAdviceRequestDistributionPolicy,
+    CapacityAdviceRequestDistributionPolicyZoneConfiguration,
+    CapacityAdviceRequestInstanceFlexibilityPolicy,
+    CapacityAdviceRequestInstanceFlexibilityPolicyInstanceSelection,
+    CapacityAdviceRequestInstanceProperties,
+    CapacityAdviceRequestInstancePropertiesScheduling,
+    CapacityAdviceResponse,
     GlobalOperationsClient,
     InstanceGroupManager,
     InstanceGroupManagersClient,
@@ -37,7 +46,9 @@ from services.scaler.model import PoolSpec, StoppedNode
 from services.scaler.ports import ProvidedNode, ProviderBusyError
 from shared.clock import Clock
 from shared.cost.node_ends import NodeEnd
+from shared.deadline import SpotAdvice
 from shared.events.data import NodeEndSource
+from shared.events.types import CapacityClass
 from shared.gcp import client_kwargs
 
 NODE_POOL_LABEL = "cloud.google.com/gke-nodepool"
@@ -71,6 +82,7 @@ REQUIRED_PERMISSIONS: Mapping[str, str] = {
     "compute.zoneOperations.get": "wait on a resize or a deletion",
     "compute.globalOperations.list": "read when each VM was preempted or deleted",
     "compute.zoneOperations.list": "the same, per zone",
+    "compute.advice.capacity": "read Compute Engine's capacity advice for the Spot pools",
 }
 """The IAM permissions this provider's calls take, each with why: what the guide's custom
 role holds (docs/deploy-gke.md, step 2; a test holds the two together)."""
@@ -120,6 +132,19 @@ def in_maintenance(at: datetime, windows: Sequence[tuple[datetime, datetime | No
     """Whether `at` falls inside one of these (start, end) operations; an end of None is
     one still running. Pure."""
     return any(start <= at and (end is None or at <= end) for start, end in windows)
+
+
+def read_advice(reply: CapacityAdviceResponse) -> SpotAdvice | None:
+    """The best recommendation's scores (Compute Engine ranks them, most obtainable first);
+    None when it recommends nothing. Its uptime is a duration in seconds ("3600s"). Pure."""
+    if not reply.recommendations:
+        return None
+    scores = reply.recommendations[0].scores
+    uptime = scores.estimated_uptime if "estimated_uptime" in scores else ""
+    uptime_h = None
+    if uptime.endswith("s") and uptime[:-1].replace(".", "", 1).isdigit():
+        uptime_h = float(uptime[:-1]) / 3600
+    return SpotAdvice(obtainability=min(max(scores.obtainability, 0.0), 1.0), uptime_h=uptime_h)
 
 
 def not_started(
@@ -263,6 +288,35 @@ class ComputeOperationRecords:
         return times
 
 
+def _advice_request(project: str, machine: str, zones: Sequence[str]) -> CapacityAdviceRequest:
+    selection = CapacityAdviceRequestInstanceFlexibilityPolicyInstanceSelection(
+        machine_types=[machine]
+    )
+    return CapacityAdviceRequest(
+        size=1,
+        instance_properties=CapacityAdviceRequestInstanceProperties(
+            scheduling=CapacityAdviceRequestInstancePropertiesScheduling(provisioning_model="SPOT")
+        ),
+        instance_flexibility_policy=CapacityAdviceRequestInstanceFlexibilityPolicy(
+            instance_selections={"pool": selection}
+        ),
+        distribution_policy=CapacityAdviceRequestDistributionPolicy(
+            target_shape="ANY_SINGLE_ZONE",
+            zones=[
+                CapacityAdviceRequestDistributionPolicyZoneConfiguration(
+                    zone=f"projects/{project}/zones/{zone}"
+                )
+                for zone in zones
+            ],
+        ),
+    )
+
+
+def connect_advice(api_endpoint: str | None = None) -> AdviceClient:
+    """As `connect_cluster_manager`, for Compute Engine's capacity advice."""
+    return AdviceClient(**client_kwargs(api_endpoint))
+
+
 def connect_compute_operations(api_endpoint: str | None = None) -> GlobalOperationsClient:
     """As `connect_cluster_manager`, for the Compute API's operations."""
     return GlobalOperationsClient(**client_kwargs(api_endpoint))
@@ -360,6 +414,7 @@ class GkePoolProvider:
         clock: Clock,
         zones: Mapping[str, str | None] | None = None,
         records: InstanceRecords | None = None,
+        advisor: AdviceClient | None = None,
         start_timeout_s: float = 900.0,
         operation_timeout_s: float = 120.0,
         poll_s: float = 1.0,
@@ -372,6 +427,7 @@ class GkePoolProvider:
         self._directory = directory
         self._clock = clock
         self._records = records
+        self._advisor = advisor
         self._start_timeout_s = start_timeout_s
         self._operation_timeout_s = operation_timeout_s
         # The library's own polling (retrying while the operation is not done), paced.
@@ -473,6 +529,41 @@ class GkePoolProvider:
             end = datetime.fromisoformat(operation.end_time) if operation.end_time else None
             windows.setdefault(gke_pool, []).append((start, end))
         return windows
+
+    async def advice(self, pools: Sequence[PoolSpec]) -> dict[str, SpotAdvice]:
+        """Compute Engine's capacity advice for each spot pool this provider maps, when it
+        has an advice client: for one VM of the node pool's machine type in any one of its
+        zones (a multi-node job stays in one), the best zone's scores."""
+        if self._advisor is None:
+            return {}
+        return await asyncio.to_thread(self._advice, pools)
+
+    def _advice(self, pools: Sequence[PoolSpec]) -> dict[str, SpotAdvice]:
+        assert self._advisor is not None
+        advisor = self._advisor
+        found = {}
+        for pool in pools:
+            if pool.capacity is not CapacityClass.SPOT or pool.name not in self._node_pools:
+                continue
+            machine = self._read_node_pool(self._node_pools[pool.name]).config.machine_type
+            zones = sorted({group.zone for group in self._pool_groups(pool.name)})
+            if not machine or not zones:
+                continue
+            region = zones[0].rsplit("-", 1)[0]
+            request = _advice_request(self._cluster.project, machine, zones)
+            reply = self._call(
+                f"reading the capacity advice for {machine} in {', '.join(zones)}",
+                lambda request=request, region=region: advisor.capacity(  # type: ignore[misc]
+                    project=self._cluster.project,
+                    region=region,
+                    capacity_advice_request_resource=request,
+                    timeout=CALL_TIMEOUT_S,
+                ),
+            )
+            advice = read_advice(reply)
+            if advice is not None:
+                found[pool.name] = advice
+        return found
 
     async def stopped(self) -> list[StoppedNode]:
         """The VMs of each pool's instance groups that Compute Engine made and saw stop

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import shutil
 import subprocess
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -15,6 +15,7 @@ import structlog
 from services.scaler.model import PoolSpec, StoppedNode
 from services.scaler.ports import ProvidedNode
 from shared.cost.node_ends import NodeEnd
+from shared.deadline import SpotAdvice
 from shared.localstack.confinement import Confinement
 from shared.localstack.market import LocalMarket, room_to_grow, to_preempt
 from shared.localstack.nodes import LocalNode, NodeFolder, take_back
@@ -115,6 +116,18 @@ class LocalPoolProvider:
                 self._folder.post_notice(name, deadline, now)
                 log.info("market.notice", node=name, pool=pool, deadline=deadline.isoformat())
         return killed
+
+    async def advice(self, pools: Sequence[PoolSpec]) -> dict[str, SpotAdvice]:
+        """For each pool that follows a market (`--spot-market`), its trace's advice."""
+        if not self._markets:
+            return {}
+        now = datetime.now(UTC)
+        held = [node.pool for node in await asyncio.to_thread(self._folder.running)]
+        return {
+            pool.name: market.advice(now, held.count(pool.name))
+            for pool in pools
+            if (market := self._markets.get(pool.name)) is not None
+        }
 
     async def launch(self, pool: PoolSpec, count: int) -> list[str]:
         return await asyncio.to_thread(self._launch, pool, count)

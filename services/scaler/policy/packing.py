@@ -27,7 +27,7 @@ from services.scaler.model import (
     ScalerConfig,
 )
 from services.scaler.policy.elastic import is_queued_attempt
-from shared.deadline import RESERVE_SHARE, Run, SpotOutlook, queued_decision
+from shared.deadline import RESERVE_SHARE, Run, SpotAdvice, SpotOutlook, queued_decision
 from shared.events.types import Bundle, CapacityClass
 from shared.pool_knowledge import PoolRecord
 from shared.pools import MAX_QUEUE_SHOWN, PoolsStatus, PoolStatus, QueuedAttempt
@@ -69,11 +69,24 @@ RISK_PRIOR_NODE_HOURS = 10.0
 """A pool barely used yet counts as if this many node-hours had passed without a loss."""
 
 
-def preemption_risk(taken_back: int, node_hours: float, restart_cost_h: float) -> float:
+def preemption_risk(
+    taken_back: int, node_hours: float, restart_cost_h: float, uptime_h: float | None = None
+) -> float:
     """What a pool's preemptions add to the cost of an hour on it, as a share of its price:
     nodes taken back per node-hour seen, each costing a restart (a boot, and the work since
-    the last checkpoint)."""
-    return taken_back / (max(node_hours, 0.0) + RISK_PRIOR_NODE_HOURS) * restart_cost_h
+    the last checkpoint). The cloud's advised uptime, where there is one, counts as
+    `ADVICE_NODE_HOURS` more node-hours seen with one take-back per uptime: it says what
+    the pool is now, which what was seen says only of the past."""
+    hours = max(node_hours, 0.0) + RISK_PRIOR_NODE_HOURS
+    losses = float(taken_back)
+    if uptime_h is not None and uptime_h > 0:
+        hours += ADVICE_NODE_HOURS
+        losses += ADVICE_NODE_HOURS / uptime_h
+    return losses / hours * restart_cost_h
+
+
+ADVICE_NODE_HOURS = 24.0
+"""How many node-hours of watching the cloud's advice is worth, in a pool's preemption risk."""
 
 
 def eligible_pools(
@@ -909,6 +922,7 @@ def summarize(
     now: datetime,
     out_of_capacity_until: Mapping[str, datetime] | None = None,
     knowledge: Mapping[str, PoolRecord] | None = None,
+    advice: Mapping[str, SpotAdvice] | None = None,
 ) -> PoolsStatus:
     """What `spotrain pools` shows: each pool's nodes, GPUs, price and the demand it serves,
     and until when a pool whose growth failed (a stock-out) is left alone."""
@@ -935,6 +949,7 @@ def summarize(
                 max_nodes=pool.max_nodes,
                 gpus_per_node=pool.gpus,
                 out_of_capacity_until=stocked_out.get(pool.name),
+                advice=(advice or {}).get(pool.name),
                 **_learnt((knowledge or {}).get(pool.name), pool, now),
             )
         )

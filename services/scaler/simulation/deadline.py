@@ -22,7 +22,9 @@ import argparse
 import asyncio
 import json
 import math
+import random
 import sys
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,10 +36,15 @@ from pydantic import ValidationError
 from services.scaler.simulation.traces import SpotTrace, read_spot_trace
 from shared import deadline
 from shared.client import PlatformError, SpotrainClient
-from shared.deadline import DeadlineState, Run, WindowTally
+from shared.deadline import DeadlineState, Run, SpotAdvice, WindowTally
 from shared.pool_knowledge import PoolRecord, PoolsKnowledge
 
 POLICIES = ("spotrain", "uniform-progress", "greedy", "on-demand", "optimal")
+FORECAST = "spotrain-forecast"
+"""The platform's policy also told a capacity advice at each tick, modelled from the trace's
+own next hour (`forecast`): asked for by name, not among the defaults."""
+FORECAST_ACCURACY = 0.8
+"""How often the modelled advice is right."""
 
 HISTORY_H = 7 * 24.0
 """How much of the pool's past before the start an online policy may have seen."""
@@ -87,6 +94,8 @@ class TickView:
     overhead_left_h: float
     spot_available: bool
     tick_h: float
+    advice: SpotAdvice | None = None
+    """The cloud's forecast of the pool now, for a policy told one."""
 
 
 class OnlinePolicy(Protocol):
@@ -143,8 +152,11 @@ class Spotrain(_Watcher):
             decision_interval_h=view.tick_h,
             spot_available=view.spot_available,
             spot_price_ratio=self.job.spot_price_ratio,
-            outlook=deadline.outlook(
-                self.seen, self.watched_h, self.job.overhead_h, open_window_h=self.open_h
+            outlook=deadline.advised(
+                deadline.outlook(
+                    self.seen, self.watched_h, self.job.overhead_h, open_window_h=self.open_h
+                ),
+                view.advice,
             ),
         )
         return deadline.decide(state).run
@@ -240,6 +252,24 @@ def check(trace: SpotTrace, start_tick: int, job: DeadlineJob) -> None:
         )
 
 
+def forecast(
+    trace: SpotTrace, tick: int, rng: random.Random, accuracy: float = FORECAST_ACCURACY
+) -> SpotAdvice:
+    """Compute Engine's capacity advice at `tick`, modelled from the trace's next hour and
+    right `accuracy` of the time: an uptime of 60 min if spot stays the whole hour, else
+    10 min (the two values Compute Engine gives), the other one when wrong; obtainable
+    when the pool has spot now."""
+    hour = max(1, round(3600 / trace.gap_s))
+    ahead = trace.counts[tick : tick + hour]
+    stays = len(ahead) == hour and all(count > 0 for count in ahead)
+    if rng.random() >= accuracy:
+        stays = not stays
+    return SpotAdvice(
+        obtainability=1.0 if trace.counts[tick] > 0 else 0.0,
+        uptime_h=1.0 if stays else 10 / 60,
+    )
+
+
 def run_online(
     policy: OnlinePolicy,
     trace: SpotTrace,
@@ -247,10 +277,12 @@ def run_online(
     job: DeadlineJob,
     *,
     history_h: float = HISTORY_H,
+    advice: Callable[[int], SpotAdvice] | None = None,
 ) -> Outcome:
     """One job under an online policy: at each tick the policy sees the pool then, the past
     (up to `history_h` of the trace before the start), and the job; a spot instance is lost
-    at the first tick the pool has none."""
+    at the first tick the pool has none. With `advice`, it is also told the cloud's
+    forecast at each tick (by the trace's tick)."""
     tick_h = trace.gap_s / 3600
     first = max(0, start_tick - int(history_h / tick_h))
     for count in trace.counts[first:start_tick]:
@@ -274,6 +306,7 @@ def run_online(
             overhead_left_h=overhead_left,
             spot_available=available,
             tick_h=tick_h,
+            advice=None if advice is None else advice(start_tick + i),
         )
         choice = policy.decide(view)
         if choice is Run.SPOT and not available:
@@ -450,6 +483,20 @@ def run(
     platform learnt of a pool instead of the trace's past, and no policy sees that past."""
     if name == "optimal":
         return optimal(trace, start_tick, job)
+    if name == FORECAST:
+        told = Spotrain(job, learnt)
+        told.name = FORECAST
+        # Seeded by the run, so that every policy's run sees the same market and the
+        # same forecast, here and in another process.
+        rng = random.Random(zlib.crc32(f"{trace.name}:{start_tick}".encode()))  # noqa: S311
+        return run_online(
+            told,
+            trace,
+            start_tick,
+            job,
+            history_h=HISTORY_H if learnt is None else 0.0,
+            advice=lambda tick: forecast(trace, tick, rng),
+        )
     if learnt is None:
         return run_online(make_policy(name, job), trace, start_tick, job)
     policy = Spotrain(job, learnt) if name == "spotrain" else make_policy(name, job)
@@ -522,8 +569,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser().parse_args(argv)
         names = tuple(n for n in args.policy.split(",") if n)
         for name in names:
-            if name not in POLICIES:
-                raise ValueError(f"unknown policy {name!r}; choose from {', '.join(POLICIES)}")
+            if name not in (*POLICIES, FORECAST):
+                choices = ", ".join((*POLICIES, FORECAST))
+                raise ValueError(f"unknown policy {name!r}; choose from {choices}")
         trace = read_spot_trace(args.spot_trace)
         job = DeadlineJob(args.hours, args.deadline, args.overhead, args.spot_price_ratio)
         check(trace, args.start_tick, job)
