@@ -5,7 +5,9 @@ patterns, not their instance types), on-demand pools without limit, a
 third of the jobs with a deadline (slack 1.2-3 times their length), preemptions without
 notice and a checkpoint every 30 minutes. Philly's demand (about 1,170 GPUs busy at once)
 would dwarf markets of at most 16 nodes, so every Nth job is kept (the arrival pattern
-thinned, not reshaped). Per policy (spotrain, uniform-progress per job, naive; ray on request):
+thinned, not reshaped). Per policy (spotrain; spotrain-forecast, the same told each market's
+capacity advice modelled from its next hour, right 80% of the time; uniform-progress per
+job; naive; ray on request):
 cost, saving vs all on-demand, deadline misses, GPU-hours lost to preemption, stock-outs
 met and p95 wait; then one `name: value` line per figure.
 
@@ -26,7 +28,7 @@ from services.scaler.simulation.traces import read_trace, with_deadlines
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
 SPOT = SHARED / "spot"
-POLICIES = ("spotrain", "uniform-progress", "naive")
+POLICIES = ("spotrain", "spotrain-forecast", "uniform-progress", "naive")
 """Ray's autoscaler (`--policy ...,ray`) keeps asking for a stocked-out node type (its
 scorer takes no account of failed launches in Ray 2.60), so its gangs wait for the market
 and the replay takes tens of minutes: it is left out unless asked for."""

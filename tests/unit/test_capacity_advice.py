@@ -5,6 +5,7 @@ read off its market trace."""
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 from datetime import timedelta
 
@@ -17,6 +18,7 @@ from services.scaler.handlers import ADVICE_EVERY_S, Deps, reconcile
 from services.scaler.model import PoolSpec, ScalerConfig
 from services.scaler.policy import preemption_risk
 from services.scaler.policy.packing import ADVICE_NODE_HOURS, RISK_PRIOR_NODE_HOURS
+from services.scaler.simulation.deadline import DeadlineJob, Spotrain, forecast, run_online
 from shared.deadline import SpotAdvice, SpotOutlook, advised
 from shared.events.types import CapacityClass
 from shared.localstack.market import LocalMarket
@@ -134,3 +136,44 @@ async def test_the_scaler_reads_the_advice_every_few_minutes_and_shows_it() -> N
     await reconcile(deps)
     assert len(advisor.asked) == 2
     assert deps.advice["gpu-spot"].uptime_h == 1.0, "a failed read keeps the last advice"
+
+
+@pytest.mark.parametrize(
+    ("counts", "accuracy", "uptime_h", "obtainability"),
+    [
+        pytest.param((1,) * 8, 1.0, 1.0, 1.0, id="spot-stays-the-hour"),
+        pytest.param((1, 1, 1, 0, 1, 1, 1, 1), 1.0, 1 / 6, 1.0, id="spot-goes-within-it"),
+        pytest.param((1,) * 8, 0.0, 1 / 6, 1.0, id="wrong-says-the-other"),
+        pytest.param((0,) * 8, 1.0, 1 / 6, 0.0, id="no-spot-now"),
+    ],
+)
+def test_the_modelled_advice_of_the_deadline_simulation(
+    counts: tuple[int, ...], accuracy: float, uptime_h: float, obtainability: float
+) -> None:
+    """The advice `spotrain-forecast` is told, from the trace's next hour (ticks of 10 min)."""
+    trace = SpotTrace(name="t", gap_s=600, counts=counts)
+    advice = forecast(trace, 0, random.Random(0), accuracy)  # noqa: S311
+    assert advice.uptime_h == pytest.approx(uptime_h)
+    assert advice.obtainability == obtainability
+
+
+def test_told_short_windows_the_deadline_policy_stops_chasing_them() -> None:
+    """Behind its reserve, a job takes spot only if a window pays for its restart. Spot
+    comes and goes every 10 minutes: from the prior (2 h windows) the policy takes them and
+    loses them; told the advice (10 minutes, always right here) it keeps to on-demand
+    while behind."""
+    trace = SpotTrace(name="t", gap_s=600, counts=(1, 0) * 200)
+    job = DeadlineJob(work_h=10.0, deadline_h=11.0, overhead_h=0.2, spot_price_ratio=0.3)
+    plain = run_online(Spotrain(job), trace, 0, job, history_h=0.0)
+    told = run_online(
+        Spotrain(job),
+        trace,
+        0,
+        job,
+        history_h=0.0,
+        advice=lambda tick: forecast(trace, tick, random.Random(0), accuracy=1.0),  # noqa: S311
+    )
+    assert plain.met_deadline
+    assert told.met_deadline
+    assert told.preemptions < plain.preemptions
+    assert told.cost_od_hours < plain.cost_od_hours

@@ -86,10 +86,24 @@ def deadline_rule(job: SimJob, state: ClusterState, spot_available: bool) -> Run
             decision_interval_h=state.decision_interval_s / 3600,
             spot_available=spot_available,
             spot_price_ratio=_price_ratio(state.pools),
-            outlook=deadline.outlook(deadline.WindowTally(), 0.0, overhead_h),
+            outlook=deadline.advised(
+                deadline.outlook(deadline.WindowTally(), 0.0, overhead_h),
+                _best_advice(job, state),
+            ),
         )
     )
     return decision.run
+
+
+def _best_advice(job: SimJob, state: ClusterState) -> deadline.SpotAdvice | None:
+    """Of the spot pools the job fits, the forecast with the longest uptime (None when the
+    policy is told none)."""
+    fits = [
+        advice
+        for pool in state.pools
+        if pool.gpus >= job.bundles[0] and (advice := state.advice.get(pool.name)) is not None
+    ]
+    return max(fits, key=lambda a: a.uptime_h or 0.0, default=None)
 
 
 def uniform_progress_rule(job: SimJob, state: ClusterState, spot_available: bool) -> Run:
@@ -129,9 +143,13 @@ class Spotrain:
 
     watches_queue = True
 
-    def __init__(self, rule: JobRule = deadline_rule, name: str = "spotrain") -> None:
+    def __init__(
+        self, rule: JobRule = deadline_rule, name: str = "spotrain", *, told_advice: bool = False
+    ) -> None:
         self.name = name
         self.rule = rule
+        self.told_advice = told_advice
+        """Whether the replay tells it the markets' forecast (`ClusterState.advice`)."""
         self._rooms: dict[tuple[str, int], Room] = {}
         """Free room by pool and free GPUs: a node's free room follows from those two."""
         self._timeouts: dict[str, float] = {}
@@ -148,7 +166,12 @@ class Spotrain:
         demands, capacity = self._demands(state, unavailable)
         restart_h = state.restart_overhead_s / 3600
         risk = {
-            pool: preemption_risk(taken, state.node_hours.get(pool, 0.0), restart_h)
+            pool: preemption_risk(
+                taken,
+                state.node_hours.get(pool, 0.0),
+                restart_h,
+                uptime_h=advice.uptime_h if (advice := state.advice.get(pool)) else None,
+            )
             for pool, taken in state.taken_back.items()
         }
         idle_timeouts = self._idle_timeouts(state)

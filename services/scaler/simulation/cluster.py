@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
 from services.scaler.model import Demand, NodeView, PoolSpec, ScalerConfig
+from shared.deadline import SpotAdvice
 from shared.events.types import Bundle, CapacityClass
 
 EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
@@ -120,6 +121,8 @@ class ClusterState:
     None when none came within the configured timeout (`Simulation._demand_came`)."""
     idle_periods_ended: Mapping[str, int] = field(default_factory=dict)
     """Per pool, how many such periods have ended in all."""
+    advice: Mapping[str, SpotAdvice] = field(default_factory=dict)
+    """Per market pool, the cloud's forecast now, for a policy told one (`told_advice`)."""
 
 
 @dataclass(frozen=True, slots=True)

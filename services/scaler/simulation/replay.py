@@ -42,9 +42,13 @@ from services.scaler.simulation.cluster import (
 )
 from services.scaler.simulation.market import SpotMarket, markets
 from services.scaler.simulation.traces import SpotTrace, TraceJob, read_trace, with_deadlines
+from shared.deadline import SpotAdvice
 from shared.events.types import CapacityClass
 
 POLICIES = ("spotrain", "naive", "static", "ray", "uniform-progress")
+FORECAST = "spotrain-forecast"
+"""Ours, told each market's forecast (`Simulation._advice`): asked for by name only."""
+FORECAST_ACCURACY = 0.8
 
 # GKE-like A100 pools. Prices are approximate us-central1 list prices, illustrative only:
 # an A100 40GB on a2-highgpu on-demand at about $3.67 per GPU-hour, spot at about 30% of
@@ -265,6 +269,8 @@ class Simulation:
         self.by_name = {p.name: p for p in pools}
         self.config = config
         self.rng = random.Random(seed)  # noqa: S311  # a reproducible simulation, not a secret
+        # Its own: telling a policy the forecast changes nothing else of the replay.
+        self.advice_rng = random.Random(seed + 1)  # noqa: S311
         self.rate_per_s = preemption_rate_per_hour / 3600.0
         self.group = max(1, preemption_group)
         self.interval_s = interval_s
@@ -637,6 +643,26 @@ class Simulation:
         entries = sorted(e for key, q in self.queues.items() for e in q if self._queued(e, key))
         return [self.jobs[i] for _, i in entries]
 
+    def _advice(self) -> dict[str, SpotAdvice]:
+        """Each market's forecast now, as Compute Engine's capacity advice gives it and
+        modelled from the market's own next hour, right `FORECAST_ACCURACY` of the time:
+        obtainable while the market lets one more node be held; an uptime of 60 min when
+        what it lets be held now stays for the hour, else 10 min."""
+        found = {}
+        for pool, market in self.markets.items():
+            count = market.count_at(self.now_s)
+            held = self.sizes[pool]
+            kept = max(1, min(count, held + 1))
+            gap_s = market.trace.gap_s
+            ticks = max(1, math.ceil(3600 / gap_s))
+            stays = all(market.count_at(self.now_s + k * gap_s) >= kept for k in range(ticks + 1))
+            if self.advice_rng.random() >= FORECAST_ACCURACY:
+                stays = not stays
+            found[pool] = SpotAdvice(
+                obtainability=1.0 if count > held else 0.0, uptime_h=1.0 if stays else 10 / 60
+            )
+        return found
+
     def _decide(self) -> None:
         self.dirty = self.force = False
         self.last_decision_s = self.now_s
@@ -650,6 +676,7 @@ class Simulation:
             pending=self._pending_jobs(),
             stocked_out_s=dict(self.stocked_out_s),
             taken_back=dict(self.taken_back),
+            advice=self._advice() if getattr(self.policy, "told_advice", False) else {},
             node_hours=dict(self.node_hours),
             idle_periods=self.idle_periods,
             idle_periods_ended=dict(self.idle_periods_ended),
@@ -782,6 +809,8 @@ class Simulation:
 def make_policy(name: str, trace: Sequence[TraceJob], pools: Sequence[PoolSpec]) -> SimPolicy:
     if name == "spotrain":
         return Spotrain()
+    if name == FORECAST:
+        return Spotrain(name=FORECAST, told_advice=True)
     if name == "uniform-progress":
         return Spotrain(uniform_progress_rule, name="uniform-progress")
     if name == "naive":
@@ -941,8 +970,9 @@ def parse_slack(value: str) -> tuple[float, float]:
 def run_policies(args: argparse.Namespace) -> list[Result]:
     names = POLICIES if args.policy == "all" else tuple(args.policy.split(","))
     for name in names:
-        if name not in POLICIES:
-            raise ValueError(f"unknown policy {name!r}; choose from {', '.join(POLICIES)}")
+        if name not in (*POLICIES, FORECAST):
+            choices = ", ".join((*POLICIES, FORECAST))
+            raise ValueError(f"unknown policy {name!r}; choose from {choices}")
     trace = read_trace(args.trace, args.limit)
     pools, config = load_pools(args.pools)
     followed = markets(args.spot_trace, pools)
