@@ -80,6 +80,9 @@ class CheckpointRequest(BaseModel):
     moving: bool = False
     """The platform stops the attempt to go on on other capacity (its deadline policy), not
     because its node goes: its end is a move, not a loss."""
+    save_by: AwareDatetime | None = None
+    """When the node goes (the notice's deadline: 15 s on GKE by default, up to 105 s with
+    the longer shutdown grace): what is not saved by then is lost. None: no node goes."""
 
 
 class StopAsk(StrEnum):
@@ -539,6 +542,18 @@ def stop_ask(raw: bytes | None, attempt: int) -> StopAsk:
     if request.attempt != attempt:
         return StopAsk.NONE
     return StopAsk.MOVE if request.moving else StopAsk.STOP
+
+
+def save_by(raw: bytes | None, attempt: int) -> datetime | None:
+    """When a CHECKPOINT_NOW file's content says `attempt` must have saved by, if it says.
+    Pure: no I/O."""
+    if raw is None:
+        return None
+    try:
+        request = CheckpointRequest.model_validate_json(raw)
+    except ValidationError:
+        return None
+    return request.save_by if request.attempt == attempt else None
 
 
 def read_checkpoint_request(uri: str, *, storage: CheckpointStorage | None = None) -> bytes | None:

@@ -10,6 +10,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Mapping
+from datetime import datetime
 from types import FrameType, TracebackType
 from typing import Any, Final
 
@@ -24,6 +25,7 @@ from shared.checkpoints import (
     load_checkpoint,
     read_checkpoint,
     read_checkpoint_request,
+    save_by,
     save_checkpoint,
     storage_for,
     write_progress,
@@ -120,6 +122,7 @@ class TrainingContext:
         self._unwritten: ProgressReport | None = None
         """The latest report not yet written: `report` writes at most once an interval."""
         self._requested = threading.Event()
+        self._save_by: datetime | None = None
         self._previous_handler: _Handler = None
         self._handler_installed = False
 
@@ -202,6 +205,14 @@ class TrainingContext:
                 self._requested.set()
         return self._requested.is_set()
 
+    @property
+    def save_by(self) -> datetime | None:
+        """When the checkpoint asked for must be saved by: the node's end, as the platform's
+        notice says (15 s away on GKE by default, up to 105 s on a node pool with the
+        longer shutdown grace); None when it said no time (a move, or SIGTERM alone). A
+        script that knows its full save takes longer may save less, or sooner."""
+        return self._save_by
+
     def _checkpoint_file_asks(self) -> bool:
         try:
             raw = read_checkpoint_request(self.checkpoint_uri, storage=self._storage)
@@ -209,7 +220,10 @@ class TrainingContext:
             # A store that hiccups must not kill a healthy run; the next poll asks again.
             logger.warning("could not read the checkpoint request: %s", error)
             return False
-        return checkpoint_request_applies(raw, self.attempt)
+        asks = checkpoint_request_applies(raw, self.attempt)
+        if asks:
+            self._save_by = save_by(raw, self.attempt)
+        return asks
 
     def resume(self) -> tuple[int, dict[str, bytes]] | None:
         """The step and files to resume from, or None to start fresh.

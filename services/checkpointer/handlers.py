@@ -73,7 +73,12 @@ async def on_node_preempting(event: Event[NodePreempting], deps: Deps) -> None:
     for record, attempt in asked:
         if record.checkpoint_uri is None:
             continue
-        request = CheckpointRequest(job_id=record.job_id, attempt=attempt.number, requested_at=now)
+        request = CheckpointRequest(
+            job_id=record.job_id,
+            attempt=attempt.number,
+            requested_at=now,
+            save_by=notice.deadline,
+        )
         await deps.checkpoints.request(record.checkpoint_uri, request)
         metrics.CHECKPOINT_REQUESTS.inc()
         log.info("checkpoint.requested", job_id=record.job_id, attempt=attempt.number)

@@ -62,6 +62,7 @@ async def test_a_notice_drains_the_node_and_asks_its_attempts_to_checkpoint(deps
     assert isinstance(deps.checkpoints, FakeCheckpoints)
     [(uri, request)] = deps.checkpoints.requests
     assert (uri, request.job_id, request.attempt) == ("file:///c/job-1", "job-1", 1)
+    assert request.save_by == deadline, "the job is told how long its notice is"
     assert published(deps) == [], "a notice resumes nothing by itself"
 
 

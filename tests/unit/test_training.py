@@ -6,6 +6,7 @@ import logging
 import os
 import signal
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from types import FrameType
 
@@ -327,6 +328,23 @@ def test_a_checkpoint_now_file_asks_the_attempt_it_names(
     )
     request_checkpoint(job_uri, request)
     assert context.checkpoint_requested is requested
+
+
+def test_a_notice_says_by_when_the_checkpoint_must_be_saved(job_uri: str) -> None:
+    """Issue 36, 4: the checkpointer's request carries the node's end, so a script on a node
+    pool with the longer notice knows it has 105 s, not 15."""
+    context = context_for(job_uri, attempt=2, request_poll_interval_s=0.0)
+    assert context.save_by is None
+    noticed = FixedClock().now()
+    request = CheckpointRequest(
+        job_id="job-7",
+        attempt=2,
+        requested_at=noticed,
+        save_by=noticed + timedelta(seconds=105),
+    )
+    request_checkpoint(job_uri, request)
+    assert context.checkpoint_requested
+    assert context.save_by == noticed + timedelta(seconds=105)
 
 
 def test_a_checkpoint_now_file_touched_by_hand_counts(job_uri: str, tmp_path: Path) -> None:
