@@ -65,7 +65,7 @@ async def bootstrap(bus: EventBus, stack: AsyncExitStack) -> ServiceDefinition:
         history=BusNodeHistory(bus),
         pass_interval_s=settings.reconcile_interval_s,
     )
-    if settings.capacity_advice and isinstance(deps.provider, CapacityAdvisor):
+    if settings.reads_advice() and isinstance(deps.provider, CapacityAdvisor):
         deps.advisor = deps.provider
 
     metrics.declare_pools(deps.pools)
@@ -140,7 +140,7 @@ def _provider(
                 settings.gke_project,
             ),
             advisor=connect_advice(settings.gke_compute_api_endpoint)
-            if settings.capacity_advice
+            if settings.reads_advice()
             else None,
         )
         gke.check()  # a pool it cannot resize stops the scaler at start, saying why

@@ -43,10 +43,17 @@ class ScalerSettings(RuntimeSettings):
     gke_compute_api_endpoint: str | None = None
     """Another Compute API endpoint (a local fake), for the node pools' instance groups and
     the VMs' end records; likewise."""
-    capacity_advice: bool = True
-    """Read the cloud's capacity advice for the spot pools where the provider gives one
-    (Compute Engine's with gke, the market trace's locally): an obtainability and an
-    estimated uptime, blended into the deadline policy and the pools' risk."""
+    capacity_advice: bool | None = None
+    """Read the cloud's capacity advice for the spot pools where the provider gives one:
+    an obtainability and an estimated uptime, blended into the deadline policy and the
+    pools' risk. Unset: on with gke (Compute Engine's), off with local, whose market trace's
+    advice is exact, an oracle no cloud gives (set it true to see what one would do)."""
+
+    def reads_advice(self) -> bool:
+        if self.capacity_advice is not None:
+            return self.capacity_advice
+        return self.provider == "gke"
+
     kuberay_cluster: str | None = None
     """The RayCluster whose worker groups are the pools (the kuberay provider)."""
     kuberay_namespace: str | None = None

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime
+from typing import Any
 
-from services.scaler.model import Demand, PoolSpec, StoppedNode, queueing
+from services.scaler.adapters.node_history import BusNodeHistory
+from services.scaler.handlers import Deps
+from services.scaler.model import Demand, PoolSpec, ScalerConfig, StoppedNode, queueing
 from services.scaler.ports import ObservedNode, ProvidedNode, ProviderBusyError
+from shared.clock import Clock
 from shared.cost.node_ends import NodeEnd
 from shared.events.data import NodeEndSource
+from shared.messaging.memory import InMemoryBus
 from shared.pool_knowledge import PoolsKnowledge
 from shared.pools import NodeSightings, OwnersSpend, PoolsStatus
 from shared.ray_head import RayHeadUnavailableError
@@ -198,3 +203,29 @@ class RecordingStatusBoard:
 
     async def knowledge(self) -> PoolsKnowledge | None:
         return self.latest_knowledge
+
+
+def scaler_deps(
+    clock: Clock,
+    cluster: FakeCluster,
+    pools: Sequence[PoolSpec],
+    config: ScalerConfig,
+    *,
+    bus: InMemoryBus | None = None,
+    **more: Any,
+) -> Deps:
+    """The scaler's dependencies over these fakes (a provider and Ray's view in one, the
+    demand and status in memory, the node history on the bus); `more` sets the rest."""
+    bus = bus or InMemoryBus()
+    return Deps(
+        bus=bus,
+        clock=clock,
+        pools=pools,
+        config=config,
+        provider=more.pop("provider", cluster),
+        observer=more.pop("observer", FakeObserver(cluster)),
+        demand=more.pop("demand", InMemoryDemandStore()),
+        status=more.pop("status", RecordingStatusBoard()),
+        history=BusNodeHistory(bus),
+        **more,
+    )

@@ -13,20 +13,19 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.scaler.adapters.node_history import BusNodeHistory
-from services.scaler.handlers import ADVICE_EVERY_S, Deps, reconcile
+from services.scaler.handlers import ADVICE_EVERY_S, reconcile
 from services.scaler.model import PoolSpec, ScalerConfig
 from services.scaler.policy import preemption_risk
 from services.scaler.policy.packing import ADVICE_NODE_HOURS, RISK_PRIOR_NODE_HOURS
+from services.scaler.settings import ScalerSettings
 from services.scaler.simulation.deadline import DeadlineJob, Spotrain, forecast, run_online
 from shared.deadline import SpotAdvice, SpotOutlook, advised
 from shared.events.types import CapacityClass
 from shared.localstack.market import LocalMarket
-from shared.messaging.memory import InMemoryBus
 from shared.spot_traces import SpotTrace
 from tests.events import NOW
 from tests.fakes.clock import FixedClock
-from tests.fakes.scaler import FakeCluster, FakeObserver, InMemoryDemandStore, RecordingStatusBoard
+from tests.fakes.scaler import FakeCluster, RecordingStatusBoard, scaler_deps
 
 LEARNT = SpotOutlook(seen_h=48.0, productive_share=0.5, mean_window_h=2.0)
 
@@ -112,19 +111,8 @@ async def test_the_scaler_reads_the_advice_every_few_minutes_and_shows_it() -> N
     cluster = FakeCluster(clock)
     advisor = Advisor()
     board = RecordingStatusBoard()
-    bus = InMemoryBus()
-    deps = Deps(
-        bus=bus,
-        clock=clock,
-        pools=(SPOT, ON_DEMAND),
-        config=ScalerConfig(budget_per_hour_usd=10, idle_timeout_s=600, settle_s=0),
-        provider=cluster,
-        observer=FakeObserver(cluster),
-        demand=InMemoryDemandStore(),
-        status=board,
-        history=BusNodeHistory(bus),
-        advisor=advisor,
-    )
+    config = ScalerConfig(budget_per_hour_usd=10, idle_timeout_s=600, settle_s=0)
+    deps = scaler_deps(clock, cluster, (SPOT, ON_DEMAND), config, status=board, advisor=advisor)
     await reconcile(deps)
     await reconcile(deps)
     assert advisor.asked == [["gpu-spot"]], "spot pools only, once per interval"
@@ -177,3 +165,17 @@ def test_told_short_windows_the_deadline_policy_stops_chasing_them() -> None:
     assert told.met_deadline
     assert told.preemptions < plain.preemptions
     assert told.cost_od_hours < plain.cost_od_hours
+
+
+@pytest.mark.parametrize(
+    ("provider", "setting", "reads"),
+    [
+        pytest.param("gke", None, True, id="gke-on-by-default"),
+        pytest.param("local", None, False, id="local-oracle-off-by-default"),
+        pytest.param("local", True, True, id="local-when-asked"),
+        pytest.param("gke", False, False, id="gke-turned-off"),
+    ],
+)
+def test_who_reads_the_advice(provider: str, setting: bool | None, reads: bool) -> None:
+    settings = ScalerSettings.model_construct(provider=provider, capacity_advice=setting)
+    assert settings.reads_advice() is reads

@@ -7,7 +7,6 @@ from typing import Any
 
 import pytest
 
-from services.scaler.adapters.node_history import BusNodeHistory
 from services.scaler.handlers import Deps, on_job_queued, on_job_settled, reconcile
 from services.scaler.model import PoolSpec, ScalerConfig
 from shared.events import decode, new_event
@@ -23,12 +22,7 @@ from shared.events.types import Bundle, CapacityClass
 from shared.messaging.memory import InMemoryBus
 from tests.events import NOW
 from tests.fakes.clock import FixedClock
-from tests.fakes.scaler import (
-    FakeCluster,
-    FakeObserver,
-    InMemoryDemandStore,
-    RecordingStatusBoard,
-)
+from tests.fakes.scaler import FakeCluster, scaler_deps
 
 SPOT = PoolSpec(
     name="gpu-spot",
@@ -54,18 +48,8 @@ def cluster(clock: FixedClock) -> FakeCluster:
 
 
 def make_deps(clock: FixedClock, cluster: FakeCluster, bus: InMemoryBus | None = None) -> Deps:
-    bus = bus or InMemoryBus()
-    return Deps(
-        bus=bus,
-        clock=clock,
-        pools=(SPOT, ON_DEMAND),
-        config=ScalerConfig(budget_per_hour_usd=10, idle_timeout_s=60, settle_s=0),
-        provider=cluster,
-        observer=FakeObserver(cluster),
-        demand=InMemoryDemandStore(),
-        status=RecordingStatusBoard(),
-        history=BusNodeHistory(bus),
-    )
+    config = ScalerConfig(budget_per_hour_usd=10, idle_timeout_s=60, settle_s=0)
+    return scaler_deps(clock, cluster, (SPOT, ON_DEMAND), config, bus=bus)
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ from typing import Any
 
 import pytest
 
-from services.scaler.adapters.node_history import BusNodeHistory
 from services.scaler.handlers import (
     Deps,
     on_job_move_requested,
@@ -38,6 +37,7 @@ from tests.fakes.scaler import (
     FakeObserver,
     InMemoryDemandStore,
     RecordingStatusBoard,
+    scaler_deps,
 )
 
 SPOT = PoolSpec(
@@ -57,18 +57,8 @@ def cluster(clock: FixedClock) -> FakeCluster:
 
 @pytest.fixture
 def deps(clock: FixedClock, cluster: FakeCluster) -> Deps:
-    bus = InMemoryBus()
-    return Deps(
-        bus=bus,
-        clock=clock,
-        pools=(SPOT,),
-        config=ScalerConfig(budget_per_hour_usd=2.5, idle_timeout_s=60, settle_s=0),
-        provider=cluster,
-        observer=FakeObserver(cluster),
-        demand=InMemoryDemandStore(),
-        status=RecordingStatusBoard(),
-        history=BusNodeHistory(bus),
-    )
+    config = ScalerConfig(budget_per_hour_usd=2.5, idle_timeout_s=60, settle_s=0)
+    return scaler_deps(clock, cluster, (SPOT,), config)
 
 
 def queued(job_id: str, gpus: int = 2, workers: int = 1) -> Any:

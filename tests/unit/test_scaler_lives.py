@@ -11,7 +11,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.scaler.adapters.node_history import BusNodeHistory
 from services.scaler.handlers import Deps, on_job_queued, reconcile
 from services.scaler.model import Demand, PoolSpec, ScalerConfig
 from services.scaler.policy.lives import avoided, ledger_name, new_life
@@ -22,7 +21,7 @@ from shared.events.types import Bundle, CapacityClass
 from shared.messaging.memory import InMemoryBus
 from tests.events import NOW
 from tests.fakes.clock import FixedClock
-from tests.fakes.scaler import FakeCluster, FakeObserver, InMemoryDemandStore, RecordingStatusBoard
+from tests.fakes.scaler import FakeCluster, scaler_deps
 
 SPOT = PoolSpec(
     name="gpu-spot", capacity=CapacityClass.SPOT, gpus=2, cpus=4, price_per_hour_usd=1.0
@@ -114,18 +113,8 @@ def cluster(clock: FixedClock) -> FakeCluster:
 
 @pytest.fixture
 def deps(clock: FixedClock, cluster: FakeCluster) -> Deps:
-    bus = InMemoryBus()
-    return Deps(
-        bus=bus,
-        clock=clock,
-        pools=(SPOT, ON_DEMAND),
-        config=ScalerConfig(budget_per_hour_usd=10, idle_timeout_s=600, settle_s=0),
-        provider=cluster,
-        observer=FakeObserver(cluster),
-        demand=InMemoryDemandStore(),
-        status=RecordingStatusBoard(),
-        history=BusNodeHistory(bus),
-    )
+    config = ScalerConfig(budget_per_hour_usd=10, idle_timeout_s=600, settle_s=0)
+    return scaler_deps(clock, cluster, (SPOT, ON_DEMAND), config)
 
 
 def _queued(capacity: CapacityClass = CapacityClass.SPOT, **more: Any) -> Any:
@@ -144,6 +133,17 @@ def _node_events(deps: Deps) -> list[Any]:
     assert isinstance(deps.bus, InMemoryBus)
     found = [decode(m.data) for m in deps.bus.messages]
     return [e for e in found if isinstance(e.data, NodeLaunched | NodeReleased)]
+
+
+async def _resumed_avoiding(name: str, deps: Deps, clock: FixedClock) -> None:
+    """The job's first attempt lost `name`: ten minutes on, its second is queued avoiding it."""
+    await deps.demand.remove("job-1", 1)
+    clock.advance(timedelta(minutes=10))
+    resumed = _queued(avoid_nodes=(name,))
+    resumed = resumed.model_copy(
+        update={"data": resumed.data.model_copy(update={"attempt": 2}), "time": clock.now()}
+    )
+    await on_job_queued(resumed, deps)
 
 
 async def _one_spot_node(deps: Deps, cluster: FakeCluster) -> str:
@@ -249,13 +249,7 @@ async def test_a_job_that_lost_a_vm_may_run_on_the_vm_made_again_under_its_name(
     """Its resumed attempt avoids the name it lost; the machine made again under it since
     is another, and takes the attempt rather than a node bought to avoid it."""
     name = await _one_spot_node(deps, cluster)
-    await deps.demand.remove("job-1", 1)
-    clock.advance(timedelta(minutes=10))
-    resumed = _queued(avoid_nodes=(name,))
-    resumed = resumed.model_copy(
-        update={"data": resumed.data.model_copy(update={"attempt": 2}), "time": clock.now()}
-    )
-    await on_job_queued(resumed, deps)
+    await _resumed_avoiding(name, deps, clock)
     clock.advance(timedelta(seconds=20))
     cluster.recreate(name)
     cluster.boot_again(name, "222")
@@ -274,13 +268,7 @@ async def test_a_job_avoids_a_lost_vm_not_made_again(
     deps: Deps, cluster: FakeCluster, clock: FixedClock
 ) -> None:
     name = await _one_spot_node(deps, cluster)
-    await deps.demand.remove("job-1", 1)
-    clock.advance(timedelta(minutes=10))
-    resumed = _queued(avoid_nodes=(name,))
-    resumed = resumed.model_copy(
-        update={"data": resumed.data.model_copy(update={"attempt": 2}), "time": clock.now()}
-    )
-    await on_job_queued(resumed, deps)
+    await _resumed_avoiding(name, deps, clock)
     await reconcile(deps)
     assert len(cluster.launched) == 2, "another node for it"
 
@@ -296,16 +284,15 @@ async def test_a_restarted_scaler_knows_the_life_it_bills(
     await reconcile(deps)
     cluster.recreate(name)
     cluster.boot_again(name, "333")
-    restarted = Deps(
+    assert isinstance(deps.bus, InMemoryBus)
+    restarted = scaler_deps(
+        clock,
+        cluster,
+        deps.pools,
+        deps.config,
         bus=deps.bus,
-        clock=clock,
-        pools=deps.pools,
-        config=deps.config,
-        provider=cluster,
-        observer=deps.observer,
         demand=deps.demand,
         status=deps.status,
-        history=deps.history,
     )
     clock.advance(timedelta(seconds=30))
     await reconcile(restarted)
