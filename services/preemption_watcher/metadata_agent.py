@@ -14,11 +14,11 @@ from services.preemption_watcher.adapters.gce_metadata import (
     DEFAULT_METADATA_URL,
     GKE_POOL_LABEL,
     SPOT_NOTICE_S,
-    Backoff,
     MetadataClient,
     MetadataNoticeSource,
 )
 from services.preemption_watcher.handlers import Deps, relay
+from services.preemption_watcher.policy import Backoff
 from shared.clock import Clock, SystemClock
 from shared.events.types import Name
 from shared.messaging import EventBus

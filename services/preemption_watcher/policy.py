@@ -2,7 +2,9 @@
 
 - `pod_notice_s`: what a training pod has of its node's end, from the node pool's kubelet
   shutdown grace periods (GKE's node system configuration);
-- `node_deadline`: when a node's VM goes, by the earliest sign a Kubernetes Node shows.
+- `node_deadline`: when a node's VM goes, by the earliest sign a Kubernetes Node shows;
+- `notice_key`: which of the metadata server's answers are the same notice;
+- `Backoff`: how long the metadata agent waits after failures in a row.
 
 The payload readers (`payloads/`) turn the cloud's and Kubernetes' JSON into the values
 these take; the adapters only fetch.
@@ -85,3 +87,20 @@ def node_deadline(
         since = shutting_down_since or now
         deadlines.append(since + timedelta(seconds=rules.notice_on(pool)))
     return min(deadlines, default=None)
+
+
+def notice_key(node: str, etag: str | None, seen_at: datetime) -> str:
+    """The notice's key: the TRUE value's ETag repeats after a restart, the time not. Pure."""
+    return f"{node}@{etag}" if etag is not None else f"{node}@{seen_at.isoformat()}"
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Pauses between failed requests. No jitter: each agent asks only its own VM's server."""
+
+    first_s: float = 0.5
+    cap_s: float = 30.0
+
+    def delay_s(self, failures: int) -> float:
+        """The pause after `failures` failures in a row (at least 1): doubling, capped. Pure."""
+        return min(self.cap_s, self.first_s * 2.0 ** min(max(failures, 1) - 1, 64))

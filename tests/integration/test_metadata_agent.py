@@ -18,12 +18,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from structlog.testing import capture_logs
 
-from services.preemption_watcher.adapters.gce_metadata import (
-    Backoff,
-    MetadataClient,
-    MetadataNoticeSource,
-)
+from services.preemption_watcher.adapters.gce_metadata import MetadataClient, MetadataNoticeSource
 from services.preemption_watcher.model import NodeSignal
+from services.preemption_watcher.policy import Backoff
 from shared.events import decode, subject_for
 from shared.events.data import NodePreempting, NoticeSource
 from shared.localstack.ports import free_port

@@ -10,18 +10,17 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from services.preemption_watcher.adapters.gce_metadata import (
-    Backoff,
     MetadataClient,
     MetadataReply,
     PreemptedReading,
     UnexpectedReplyError,
-    notice_key,
     pool_from_kube_labels,
     preempted_path,
     read_instance_name,
     read_pool,
     read_preempted,
 )
+from services.preemption_watcher.policy import Backoff, notice_key
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 POOL_LABEL = "cloud.google.com/gke-nodepool"

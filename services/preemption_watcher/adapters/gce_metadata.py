@@ -30,7 +30,7 @@ import socket
 import threading
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import TypeVar
 from urllib.parse import urlencode, urlsplit
 
@@ -38,6 +38,7 @@ import structlog
 from pydantic import TypeAdapter, ValidationError
 
 from services.preemption_watcher.model import NodeSignal
+from services.preemption_watcher.policy import Backoff, notice_key
 from shared.clock import Clock
 from shared.events.data import NodePreempting, NoticeSource
 from shared.events.types import Name
@@ -74,18 +75,6 @@ class PreemptedReading:
 
 class UnexpectedReplyError(Exception):
     """The server answered, but not as the protocol says; retried like an outage."""
-
-
-@dataclass(frozen=True)
-class Backoff:
-    """Pauses between failed requests. No jitter: each agent asks only its own VM's server."""
-
-    first_s: float = 0.5
-    cap_s: float = 30.0
-
-    def delay_s(self, failures: int) -> float:
-        """The pause after `failures` failures in a row (at least 1): doubling, capped. Pure."""
-        return min(self.cap_s, self.first_s * 2.0 ** min(max(failures, 1) - 1, 64))
 
 
 def preempted_path(seen: PreemptedReading | None, *, timeout_s: int) -> str:
@@ -163,11 +152,6 @@ def pool_from_kube_labels(kube_labels: str, label: str) -> str | None:
             except ValidationError:
                 return None
     return None
-
-
-def notice_key(node: str, etag: str | None, seen_at: datetime) -> str:
-    """The notice's key: the TRUE value's ETag repeats after a restart, the time not. Pure."""
-    return f"{node}@{etag}" if etag is not None else f"{node}@{seen_at.isoformat()}"
 
 
 class MetadataClient:
@@ -298,7 +282,7 @@ class MetadataNoticeSource:
         pool_label: str = GKE_POOL_LABEL,
         notice_s: float = SPOT_NOTICE_S,
         poll_timeout_s: int = 60,
-        backoff: Backoff = Backoff(),
+        backoff: Backoff = Backoff(),  # noqa: B008 -- frozen, so one shared default is safe
     ) -> None:
         self._client = client
         self._clock = clock
