@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from services.scaler.simulation.market import markets
+from services.scaler.simulation.market import SpotMarket, market_room, markets
 from services.scaler.simulation.replay import Result, load_pools, print_table, simulate
 from services.scaler.simulation.traces import read_trace, with_deadlines
 
@@ -98,7 +98,26 @@ def main() -> int:
     cheapest = min(results, key=lambda r: r.cost_usd)
     print(f"cheapest: {cheapest.policy}; spotrain deadline misses: {ours.deadline_misses} "
           f"of {ours.deadline_jobs} (refused at submission: {ours.deadlines_refused})")  # fmt: skip
+    # The yardstick: the most the markets allowed, every GPU-second on spot where they had
+    # room; each policy's saving against the same all on-demand work.
+    start_s = min(j.arrival_s for j in trace)
+    room = market_room(
+        [(j.arrival_s, j.duration_s, j.gpus) for j in trace],
+        [SpotMarket.of(pool, spot, offset, start_s) for pool, (spot, offset) in followed.items()],
+        pools,
+    )
+    print(
+        f"the markets allowed {room.spot_gpu_s / room.work_gpu_s:.1%} of the work's GPU-hours on "
+        f"spot: at most {room.saving_possible:.1%} saved against all on-demand"
+    )
+    for r in results:
+        print(f"  {r.policy}: saved {1 - r.cost_usd / room.on_demand_usd:.1%} of it")
     print()
+    print(f"market_saving_possible: {room.saving_possible:.4f}")
+    print(f"market_spot_share_possible: {room.spot_gpu_s / room.work_gpu_s:.4f}")
+    for r in results:
+        key = r.policy.replace("-", "_")
+        print(f"market_saving_vs_work_on_demand_{key}: {1 - r.cost_usd / room.on_demand_usd:.4f}")
     for r in results:
         key = r.policy.replace("-", "_")
         print(f"market_cost_usd_{key}: {r.cost_usd:.0f}")

@@ -8,9 +8,16 @@ import math
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from services.scaler.model import PoolSpec, ScalerConfig
-from services.scaler.simulation.market import SpotMarket, markets, parse_spot_trace_option
+from services.scaler.simulation.market import (
+    SpotMarket,
+    market_room,
+    markets,
+    parse_spot_trace_option,
+)
 from services.scaler.simulation.replay import main, parse_slack, simulate
 from services.scaler.simulation.traces import SpotTrace, TraceJob, with_deadlines
 from shared.events.types import CapacityClass
@@ -195,3 +202,39 @@ def test_deadline_slack_reads_a_range(value: str, expected: tuple[float, float])
 def test_deadline_slack_refuses_what_no_job_could_meet(value: str) -> None:
     with pytest.raises(ValueError, match="--deadline-slack"):
         parse_slack(value)
+
+
+def test_the_most_the_markets_allowed() -> None:
+    """Issue 37, 2: the yardstick of a market replay. One spot node for the first 10 minutes,
+    none for the next 10, two after; a 2-GPU job over the first 30 minutes runs 1 GPU on spot
+    for 10, none for 10, both for 10: 30 of its 60 GPU-minutes, priced 1 an hour on spot and
+    3 on on-demand."""
+    trace = SpotTrace("m", 600, (1, 0, 2))
+    room = market_room([(0.0, 1800.0, 2)], [SpotMarket.of("spot-a", trace, 0, 0.0)], POOLS)
+    assert room.work_gpu_s == 3600.0
+    assert room.spot_gpu_s == 1800.0
+    assert room.cost_usd == pytest.approx(0.5 * 1.0 + 0.5 * 3.0)
+    assert room.on_demand_usd == pytest.approx(3.0)
+    assert room.saving_possible == pytest.approx(1 - 2.0 / 3.0)
+
+
+@given(
+    st.lists(st.integers(0, 3), min_size=1, max_size=8),
+    st.lists(
+        st.tuples(st.integers(0, 3000), st.integers(1, 3000), st.integers(1, 4)),
+        min_size=1,
+        max_size=6,
+    ),
+)
+def test_the_markets_never_allow_more_than_the_work_or_their_room(
+    counts: list[int], jobs: list[tuple[int, int, int]]
+) -> None:
+    trace = SpotTrace("m", 600, tuple(counts))
+    room = market_room(
+        [(float(a), float(d), g) for a, d, g in jobs],
+        [SpotMarket.of("spot-a", trace, 0, 0.0)],
+        POOLS,
+    )
+    assert room.work_gpu_s == pytest.approx(sum(d * g for _, d, g in jobs))
+    assert 0 <= room.spot_gpu_s <= room.work_gpu_s + 1e-6
+    assert 0 <= room.saving_possible <= 1 - 1 / 3 + 1e-9

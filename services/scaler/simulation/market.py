@@ -9,6 +9,7 @@ import bisect
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 
 from services.scaler.model import PoolSpec
@@ -95,3 +96,70 @@ def markets(options: Sequence[str], pools: Sequence[PoolSpec]) -> dict[str, tupl
             )
         found[name] = (trace, offset)
     return found
+
+
+@dataclass(frozen=True, slots=True)
+class MarketRoom:
+    """The most the markets allowed a trace's work: its GPU-seconds run at their arrival,
+    each on spot wherever the markets then had room for it, the rest on on-demand."""
+
+    work_gpu_s: float
+    spot_gpu_s: float
+    cost_usd: float
+    """The work at the cheapest spot GPU-second where there was room, else on-demand's."""
+    on_demand_usd: float
+    """The same work all on the cheapest on-demand GPU-second."""
+
+    @property
+    def saving_possible(self) -> float:
+        """The most any policy could save against all on-demand on these markets."""
+        return 1 - self.cost_usd / self.on_demand_usd if self.on_demand_usd else 0.0
+
+
+def market_room(
+    jobs: Sequence[tuple[float, float, int]],
+    followed: Sequence[SpotMarket],
+    pools: Sequence[PoolSpec],
+) -> MarketRoom:
+    """`MarketRoom` of jobs given as (arrival s, duration s, GPUs), under markets whose
+    pools are among `pools`: a sweep over the moments the work or a market's count changes,
+    the spot GPUs at each the least of the work's and the markets' (count times the
+    pool's GPUs). An upper bound on spot: no wait, no boot, no node split between jobs is paid."""
+    gpus = {p.name: p.gpus for p in pools}
+    per_gpu = {
+        capacity: min(
+            (p.price_per_hour_usd / p.gpus for p in pools if p.gpus and p.capacity is capacity),
+            default=math.inf,
+        )
+        for capacity in (CapacityClass.SPOT, CapacityClass.ON_DEMAND)
+    }
+    changes = [(start, g) for start, _, g in jobs] + [(start + d, -g) for start, d, g in jobs]
+    if not changes:
+        return MarketRoom(0.0, 0.0, 0.0, 0.0)
+    changes.sort()
+    end_s = changes[-1][0]
+    moments = {t for t, _ in changes}
+    for market in followed:
+        t = market.start_s
+        while t < end_s:
+            moments.add(t)
+            t = market.next_change_s(t)
+    work = spot = 0.0
+    demand, k = 0, 0
+    ordered = sorted(moments)
+    for t0, t1 in pairwise(ordered):
+        while k < len(changes) and changes[k][0] <= t0:
+            demand += changes[k][1]
+            k += 1
+        room = sum(m.count_at(t0) * gpus.get(m.pool, 0) for m in followed)
+        work += demand * (t1 - t0)
+        spot += min(demand, room) * (t1 - t0)
+    cost = (
+        spot * per_gpu[CapacityClass.SPOT] + (work - spot) * per_gpu[CapacityClass.ON_DEMAND]
+    ) / 3600
+    return MarketRoom(
+        work_gpu_s=work,
+        spot_gpu_s=spot,
+        cost_usd=cost,
+        on_demand_usd=work * per_gpu[CapacityClass.ON_DEMAND] / 3600,
+    )
