@@ -47,6 +47,7 @@ def bursty() -> None:
     print_table(results)
     for r in results:
         print(f"bursty_cost_over_lower_bound_{r.policy}: {r.cost_over_lower_bound}")
+        print(f"bursty_cost_over_reuse_bound_{r.policy}: {r.cost_over_reuse_bound}")
         print(f"bursty_utilisation_{r.policy}: {r.utilisation}")
         print(f"bursty_wait_p95_s_{r.policy}: {r.wait_p95_s}")
         print(f"bursty_wait_p50_s_{r.policy}: {r.wait_p50_s}")

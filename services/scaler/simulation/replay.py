@@ -33,6 +33,7 @@ from services.scaler.simulation.baselines import (
     deadline_wakes,
     uniform_progress_rule,
 )
+from services.scaler.simulation.bounds import reuse_bound_usd
 from services.scaler.simulation.cluster import (
     CPUS_PER_GPU,
     ClusterState,
@@ -187,6 +188,9 @@ class Result:
     """Deadlines not even on-demand from the job's arrival could meet: refused."""
     deadline_misses: int = 0
     """Jobs with a deadline that ended after it, or never."""
+    reuse_bound_usd: float = 0.0
+    """What a keep-alive that knows the arrivals would pay (`bounds.reuse_bound_usd`)."""
+    cost_over_reuse_bound: float = math.nan
     series: list[tuple[float, int, int]] = field(default_factory=list, repr=False)
     """(time s, provisioned GPUs, busy GPUs), sampled for the plot."""
 
@@ -769,6 +773,11 @@ class Simulation:
         ]
         work_gpu_s = sum(j.gpus * j.duration_s for j in self.jobs)
         lower = work_gpu_s * cheapest / 3600
+        reuse = reuse_bound_usd(
+            ((j.arrival_s, j.duration_s, j.gpus) for j in self.jobs),
+            cheapest / 3600,
+            min(p.boot_time_s for p in gpu_pools),
+        )
         od_cost = self.provisioned_gpu_s * min(on_demand) / 3600 if on_demand else None
         waits = [j.waited_s for j in self.jobs if j.done]
         start = self.jobs[0].arrival_s if self.jobs else 0.0
@@ -785,6 +794,8 @@ class Simulation:
             nodes_launched=self.launched,
             saving_vs_on_demand=round(1 - self.cost_usd / od_cost, 4) if od_cost else None,
             lower_bound_usd=round(lower, 2),
+            reuse_bound_usd=round(reuse, 2),
+            cost_over_reuse_bound=round(self.cost_usd / reuse, 4) if reuse else math.nan,
             jobs=len(self.jobs),
             jobs_unfinished=sum(1 for j in self.jobs if not j.done),
             jobs_unschedulable=self.unschedulable,
