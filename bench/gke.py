@@ -33,8 +33,8 @@ from services.scaler.adapters.gke import (
 )
 from services.scaler.adapters.node_history import BusNodeHistory
 from services.scaler.handlers import Deps, on_job_queued, reconcile
-from services.scaler.model import ObservedNode, PoolSpec, ProvidedNode, ScalerConfig
-from services.scaler.ports import ProviderBusyError
+from services.scaler.model import ObservedNode, PoolSpec, ProvidedNode, ScalerConfig, StoppedNode
+from services.scaler.ports import PoolProvider, ProviderBusyError
 from shared.clock import SystemClock
 from shared.cost.node_ends import NodeEnd
 from shared.events import decode, new_event
@@ -76,7 +76,7 @@ class NamesOnly:
     async def ended(self, nodes: Mapping[str, datetime]) -> dict[str, NodeEnd]:
         return await self._provider.ended(nodes)
 
-    async def stopped(self) -> list[object]:
+    async def stopped(self) -> list[StoppedNode]:
         return []
 
 
@@ -152,14 +152,14 @@ def _provider(gke: FakeGke, kind: type[GkePoolProvider] = GkePoolProvider) -> Gk
     )
 
 
-def _deps(provider: object, gke: FakeGke) -> Deps:
+def _deps(provider: PoolProvider, gke: FakeGke) -> Deps:
     bus = InMemoryBus()
     return Deps(
         bus=bus,
         clock=SystemClock(),
         pools=(SPOT,),
         config=ScalerConfig(budget_per_hour_usd=100, idle_timeout_s=3600, settle_s=0),
-        provider=provider,  # type: ignore[arg-type]
+        provider=provider,
         observer=RayView(gke),
         demand=InMemoryDemandStore(),
         status=RecordingStatusBoard(),

@@ -132,6 +132,8 @@ class Deps:
     advice: dict[str, SpotAdvice] = field(default_factory=dict)
     """The last forecast read, per spot pool."""
     advice_read_at: datetime | None = None
+    """When the forecast was last asked for (read or not): it is asked again after
+    `ADVICE_EVERY_S`."""
 
 
 async def on_job_queued(event: Event[JobQueued], deps: Deps) -> None:
@@ -465,7 +467,7 @@ async def _close_recreated(deps: Deps, provided: Sequence[ProvidedNode]) -> dict
         end = best_end(
             billed, recorded=recorded.get(node.name), last_seen=deps.last_seen.get(node.name)
         )
-        reason = ReleaseReason.MAINTENANCE if end.maintenance else ReleaseReason.GONE
+        reason = lives.gone_reason(maintenance=end.maintenance, unwatched=False)
         if reason is ReleaseReason.GONE:
             taken_back[billed.pool] = taken_back.get(billed.pool, 0) + 1
         log.info("node.recreated", node=node.name, pool=billed.pool, life=node.life)
@@ -634,9 +636,7 @@ async def _announce_node_lifetimes(
     from the provider's launch time; an announced node that is no longer listed, and that
     the scaler did not release, is gone (preempted, deleted by hand), and ends where the
     provider recorded its end, else where it was last listed. Returns, per pool, how many
-    nodes went unasked while this process watched."""
-    if not deps.recovered:
-        await _take_over(deps, provided)
+    nodes went unasked while this process watched. After `_take_over`."""
     listed = {node.name for node in provided}
     for node in provided:
         billed = deps.billed_nodes.get(node.name)
@@ -677,12 +677,8 @@ async def _announce_node_lifetimes(
     ):
         machine = by_ledger[closing.node]
         end = closing.end
-        if machine in deps.unwatched:
-            reason = ReleaseReason.GONE_WHILE_UNWATCHED
-        elif end.maintenance:
-            reason = ReleaseReason.MAINTENANCE
-        else:
-            reason = ReleaseReason.GONE
+        reason = lives.gone_reason(maintenance=end.maintenance, unwatched=machine in deps.unwatched)
+        if reason is ReleaseReason.GONE:
             taken_back[closing.pool] = taken_back.get(closing.pool, 0) + 1
         await _node_released(deps, machine, closing.pool, reason, at=end.at, source=end.source)
     for name in deps.billed_nodes.keys() & listed:

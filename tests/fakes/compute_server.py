@@ -176,6 +176,8 @@ class FakeCompute:
     stocked_out: set[str] = field(default_factory=set)
     """Zones out of the machine type: creates there fail and are retried for ever."""
     boot_s: float = 0.0
+    recreate_after_s: float = 0.0
+    """How long a preempted VM stays `TERMINATED` before its group recreates it."""
     """How long a VM takes to boot once its zone can serve it."""
     operation_s: float = 0.3
     """How long a change runs before its operation is DONE."""
@@ -237,8 +239,10 @@ class FakeCompute:
         self.changes.append(("resize", group.name, str(size)))
 
     def preempt(self, name: str) -> None:
-        """Compute Engine takes a spot VM back; its group, which keeps its target size,
-        recreates it under the same name as a new VM (`RECREATING` until it boots)."""
+        """Compute Engine takes a spot VM back: it is `TERMINATED` (its `id` still the
+        old VM's) until its group, which keeps its target size, notices and recreates it
+        under the same name as a new VM (`RECREATING`, after `recreate_after_s`, until it
+        boots)."""
         with self._lock:
             for group in self.groups.values():
                 if (instance := group.instances.get(name)) is not None:
@@ -251,7 +255,7 @@ class FakeCompute:
                             target_id=instance.vm_id,
                         )
                     )
-                    instance.action, instance.status, instance.vm_id = "RECREATING", None, None
+                    instance.action, instance.status = "NONE", "TERMINATED"
                     instance.asked_at = time.monotonic()
 
     def replace(self, group: FakeGroup, name: str) -> str:
@@ -280,6 +284,11 @@ class FakeCompute:
         now = time.monotonic()
         for group in self.groups.values():
             for instance in group.instances.values():
+                if instance.status == "TERMINATED" and now - instance.asked_at >= (
+                    self.recreate_after_s
+                ):
+                    instance.action, instance.status, instance.vm_id = "RECREATING", None, None
+                    instance.asked_at = now
                 if instance.action not in ("CREATING", "RECREATING"):
                     continue
                 if group.zone in self.stocked_out:

@@ -27,6 +27,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from google.api_core.exceptions import BadRequest
+from google.cloud.compute_v1 import CapacityAdviceResponse
 from pydantic import ValidationError
 
 from services.scaler.adapters.gke import (
@@ -42,7 +43,10 @@ from services.scaler.adapters.gke import (
     connect_cluster_manager,
     connect_compute_operations,
     connect_instance_groups,
+    first_end_since,
+    in_maintenance,
     not_started,
+    read_advice,
     spread,
 )
 from services.scaler.model import PoolSpec
@@ -134,6 +138,72 @@ def test_not_started(
     action: str, errors: list[tuple[str, str]], waited_s: float, why: str | None
 ) -> None:
     assert not_started(action, errors, waited_s=waited_s, timeout_s=600.0, zone="z") == why
+
+
+T0 = datetime(2026, 12, 5, 12, 0, tzinfo=UTC)
+
+
+@pytest.mark.parametrize(
+    ("ends_min", "since_min", "found_min"),
+    [
+        pytest.param([10, 40], 0, 10, id="the-first-lifes-end"),
+        pytest.param([10, 40], 20, 40, id="the-next-lifes-end"),
+        pytest.param([10], 20, None, id="a-life-still-running"),
+        pytest.param([], 0, None, id="no-record"),
+    ],
+)
+def test_first_end_since(ends_min: list[int], since_min: int, found_min: int | None) -> None:
+    ends = [T0 + timedelta(minutes=m) for m in ends_min]
+    found = first_end_since(ends, T0 + timedelta(minutes=since_min))
+    assert found == (None if found_min is None else T0 + timedelta(minutes=found_min))
+
+
+@pytest.mark.parametrize(
+    ("at_min", "windows", "inside"),
+    [
+        pytest.param(5, [(0, 10)], True, id="inside-a-done-upgrade"),
+        pytest.param(15, [(0, 10)], False, id="after-it"),
+        pytest.param(15, [(0, None)], True, id="inside-one-still-running"),
+        pytest.param(-1, [(0, None)], False, id="before-it"),
+        pytest.param(5, [], False, id="no-upgrade"),
+    ],
+)
+def test_in_maintenance(at_min: int, windows: list[tuple[int, int | None]], inside: bool) -> None:
+    spans = [
+        (T0 + timedelta(minutes=a), None if b is None else T0 + timedelta(minutes=b))
+        for a, b in windows
+    ]
+    assert in_maintenance(T0 + timedelta(minutes=at_min), spans) is inside
+
+
+@pytest.mark.parametrize(
+    ("scores", "advice"),
+    [
+        pytest.param(
+            {"obtainability": 0.9, "estimated_uptime": "3600s"},
+            SpotAdvice(obtainability=0.9, uptime_h=1.0),
+            id="an-hour",
+        ),
+        pytest.param(
+            {"obtainability": 0.4, "estimated_uptime": "600s"},
+            SpotAdvice(obtainability=0.4, uptime_h=600 / 3600),
+            id="ten-minutes",
+        ),
+        pytest.param(
+            {"obtainability": 0.2}, SpotAdvice(obtainability=0.2, uptime_h=None), id="no-uptime"
+        ),
+        pytest.param(
+            {"obtainability": 0.2, "estimated_uptime": "an hour"},
+            SpotAdvice(obtainability=0.2, uptime_h=None),
+            id="an-uptime-not-in-seconds-is-none",
+        ),
+        pytest.param(None, None, id="nothing-recommended"),
+    ],
+)
+def test_read_advice(scores: dict[str, object] | None, advice: SpotAdvice | None) -> None:
+    recommendations = [] if scores is None else [{"scores": scores}]
+    reply = CapacityAdviceResponse(recommendations=recommendations)
+    assert read_advice(reply) == advice
 
 
 def test_a_growth_never_shrinks() -> None:
@@ -605,9 +675,10 @@ def _recorded(gke: FakeGke, clock: FixedClock, directory: object = None) -> GkeP
 async def test_a_preempted_vm_made_again_under_its_name_is_a_new_life(
     gke: FakeGke, compute: FakeCompute, clock: FixedClock
 ) -> None:
-    """The group recreates the VM under its name: listed as `recreating` from when that
-    was seen, then with the new VM's id, the same life since; the record of the end of
-    the life before is found for that life, and none for the next."""
+    """The VM is TERMINATED, still itself, until its group recreates it under its name:
+    listed as `recreating` from when that was seen, then with the new VM's id, the same
+    life since; the record of the end of the life before is found for that life, and
+    none for the next."""
     provider = _recorded(gke, clock)
     first = {n.name: n for n in await provider.nodes() if n.pool == "gpu-spot"}
     name = "gke-train-np-gpu-spot-a-0064"
@@ -615,7 +686,12 @@ async def test_a_preempted_vm_made_again_under_its_name_is_a_new_life(
     assert not first[name].recreating
     clock.advance(timedelta(minutes=10))
     compute.boot_s = 3600.0
+    compute.recreate_after_s = 3600.0
     compute.preempt(name)
+    [stopped] = [n for n in await provider.nodes() if n.name == name]
+    assert (stopped.recreating, stopped.life) == (False, first[name].life), "not yet remade"
+    compute.recreate_after_s = 0.0
+    clock.advance(timedelta(seconds=30))
     [again] = [n for n in await provider.nodes() if n.name == name]
     assert (again.recreating, again.life, again.not_started) == (True, None, None)
     assert again.launched_at == clock.now()

@@ -4,6 +4,7 @@ the job that lost it. The rules (`policy.lives`), then the scaler's passes throu
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -13,10 +14,10 @@ from hypothesis import strategies as st
 
 from services.scaler.handlers import Deps, on_job_queued, reconcile
 from services.scaler.model import Demand, PoolSpec, ScalerConfig
-from services.scaler.policy.lives import avoided, ledger_name, new_life
+from services.scaler.policy.lives import avoided, gone_reason, ledger_name, new_life
 from shared.cost.ledger import fold
 from shared.events import decode, new_event
-from shared.events.data import JobPlaced, JobQueued, NodeLaunched, NodeReleased
+from shared.events.data import JobPlaced, JobQueued, NodeLaunched, NodeReleased, ReleaseReason
 from shared.events.types import Bundle, CapacityClass
 from shared.messaging.memory import InMemoryBus
 from tests.events import NOW
@@ -61,6 +62,19 @@ def test_new_life(billed: str | None, listed: str | None, recreating: bool, expe
 )
 def test_ledger_name(taken: set[str], expected: str) -> None:
     assert ledger_name("vm-1", NOW, taken) == expected
+
+
+@pytest.mark.parametrize(
+    ("maintenance", "unwatched", "reason"),
+    [
+        pytest.param(False, False, ReleaseReason.GONE, id="taken-back"),
+        pytest.param(True, False, ReleaseReason.MAINTENANCE, id="upgrade-or-repair"),
+        pytest.param(False, True, ReleaseReason.GONE_WHILE_UNWATCHED, id="unwatched"),
+        pytest.param(True, True, ReleaseReason.GONE_WHILE_UNWATCHED, id="unwatched-first"),
+    ],
+)
+def test_gone_reason(maintenance: bool, unwatched: bool, reason: ReleaseReason) -> None:
+    assert gone_reason(maintenance=maintenance, unwatched=unwatched) is reason
 
 
 @given(st.lists(st.integers(min_value=0, max_value=5), max_size=12))
@@ -211,9 +225,7 @@ async def test_a_node_replaced_in_an_upgrade_is_maintenance(
     name = await _one_spot_node(deps, cluster)
     clock.advance(timedelta(minutes=5))
     cluster.stop(name)
-    cluster.ends[name] = cluster.ends[name].__class__(
-        cluster.ends[name].at, cluster.ends[name].source, maintenance=True
-    )
+    cluster.ends[name] = replace(cluster.ends[name], maintenance=True)
     await reconcile(deps)
     released = [e.data for e in _node_events(deps) if isinstance(e.data, NodeReleased)]
     assert [(r.node, r.reason.value) for r in released] == [(name, "maintenance")]

@@ -55,6 +55,7 @@ class _Staggered:
 
     name = "staggered"
     watches_queue = True
+    told_advice = False
 
     def __init__(self) -> None:
         self.launched = 0

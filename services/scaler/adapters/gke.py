@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -539,8 +540,8 @@ class GkePoolProvider:
         return await asyncio.to_thread(self._advice, pools)
 
     def _advice(self, pools: Sequence[PoolSpec]) -> dict[str, SpotAdvice]:
-        assert self._advisor is not None
         advisor = self._advisor
+        assert advisor is not None
         found = {}
         for pool in pools:
             if pool.capacity is not CapacityClass.SPOT or pool.name not in self._node_pools:
@@ -549,14 +550,15 @@ class GkePoolProvider:
             zones = sorted({group.zone for group in self._pool_groups(pool.name)})
             if not machine or not zones:
                 continue
-            region = zones[0].rsplit("-", 1)[0]
-            request = _advice_request(self._cluster.project, machine, zones)
             reply = self._call(
                 f"reading the capacity advice for {machine} in {', '.join(zones)}",
-                lambda request=request, region=region: advisor.capacity(  # type: ignore[misc]
+                functools.partial(
+                    advisor.capacity,
                     project=self._cluster.project,
-                    region=region,
-                    capacity_advice_request_resource=request,
+                    region=zones[0].rsplit("-", 1)[0],
+                    capacity_advice_request_resource=_advice_request(
+                        self._cluster.project, machine, zones
+                    ),
                     timeout=CALL_TIMEOUT_S,
                 ),
             )

@@ -13,6 +13,7 @@ from collections.abc import Collection, Mapping, Sequence
 from datetime import datetime
 
 from services.scaler.model import Demand
+from shared.events.data import ReleaseReason
 
 
 def new_life(billed: str | None, listed: str | None, *, recreating: bool) -> bool:
@@ -22,6 +23,17 @@ def new_life(billed: str | None, listed: str | None, *, recreating: bool) -> boo
     if billed is None:
         return False
     return recreating or (listed is not None and listed != billed)
+
+
+def gone_reason(*, maintenance: bool, unwatched: bool) -> ReleaseReason:
+    """Why a node ended that the scaler did not release: it stopped while no scaler
+    watched; the provider replaced or recreated it in an upgrade or repair of its pool; or
+    else it went unasked, which alone counts as the market taking it back."""
+    if unwatched:
+        return ReleaseReason.GONE_WHILE_UNWATCHED
+    if maintenance:
+        return ReleaseReason.MAINTENANCE
+    return ReleaseReason.GONE
 
 
 def ledger_name(machine: str, launched_at: datetime, taken: Collection[str]) -> str:

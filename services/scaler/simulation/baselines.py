@@ -283,6 +283,7 @@ class Naive:
 
     name = "naive"
     watches_queue = True
+    told_advice = False
 
     def __init__(self) -> None:
         self._served: dict[tuple[int, int], float] = {}
@@ -322,6 +323,7 @@ class Static:
 
     name = "static"
     watches_queue = False
+    told_advice = False
 
     def __init__(self, pool: str, nodes: int) -> None:
         self.pool = pool
@@ -359,6 +361,7 @@ class RayAutoscaler:
 
     name = "ray"
     watches_queue = True
+    told_advice = False
 
     def __init__(self) -> None:
         # Ray is imported here, not at module import: it takes a second and only this

@@ -147,5 +147,7 @@ class SimPolicy(Protocol):
     watches_queue: bool
     """False for a policy that ignores queued work: it is asked only at the start and after
     a loss, which keeps a replay with a long queue fast."""
+    told_advice: bool
+    """Whether the replay tells it each market's forecast (`ClusterState.advice`)."""
 
     def decide(self, state: ClusterState) -> Decision: ...

@@ -680,7 +680,7 @@ class Simulation:
             pending=self._pending_jobs(),
             stocked_out_s=dict(self.stocked_out_s),
             taken_back=dict(self.taken_back),
-            advice=self._advice() if getattr(self.policy, "told_advice", False) else {},
+            advice=self._advice() if self.policy.told_advice else {},
             node_hours=dict(self.node_hours),
             idle_periods=self.idle_periods,
             idle_periods_ended=dict(self.idle_periods_ended),
