@@ -190,7 +190,7 @@ async def recreations(vms: int, preempted: int, *, baseline: bool) -> tuple[int,
             for e in events
             if isinstance(e, NodeReleased) and e.node in names and e.reason.value == "gone"
         )
-        return closed, deps.knowledge["gpu-spot"].taken_back
+        return closed, deps.memory.knowledge["gpu-spot"].taken_back
 
 
 async def cluster_upgrade(upgrade_s: float, *, baseline: bool) -> float:

@@ -6,16 +6,18 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 import structlog
 
 from services.scaler import metrics, policy
-from services.scaler.model import BlockedReason, Demand, PoolSpec, ScalePlan, ScalerConfig
-from services.scaler.policy import elastic, lives
+from services.scaler.model import Blocked, Demand, PoolSpec, ScalePlan, ScalerConfig
+from services.scaler.policy import decision, elastic, lives
+from services.scaler.policy.decision import ScaleRequest, ScalerMemory
 from services.scaler.policy.elastic import move_demand_id
 from services.scaler.ports import (
     CapacityAdvisor,
@@ -28,12 +30,10 @@ from services.scaler.ports import (
     ProviderBusyError,
     StatusBoard,
 )
-from shared import deadline
 from shared.clock import Clock
 from shared.cost import CostFold, attributed, month_start, on_demand_counterpart, spend_by_owner
 from shared.cost.attribution import SettledMemo
 from shared.cost.node_ends import OpenNode, best_end, closings, node_history
-from shared.deadline import SpotAdvice, SpotOutlook
 from shared.events import Event, EventData, new_event, node_event_id
 from shared.events.data import (
     JobCancelled,
@@ -55,7 +55,7 @@ from shared.events.data import (
 )
 from shared.events.types import CapacityClass
 from shared.messaging import EventPublisher, HandlerWithDeps
-from shared.pool_knowledge import PoolRecord, PoolsKnowledge, observe
+from shared.pool_knowledge import PoolsKnowledge
 from shared.pools import NodeSightings, OwnersSpend, PoolsStatus
 from shared.ray_head import RayHeadUnavailableError
 
@@ -79,14 +79,8 @@ class Deps:
     demand: DemandStore
     status: StatusBoard
     history: NodeEventHistory
-    last_in_room: frozenset[str] = frozenset()
-    """The demands the last pass found room for on the nodes (`ScalePlan.in_room`). Not
-    kept across a restart: a gang that starts just after one keeps its demand until the
-    next pass, which buys a node for it if its workers took the room meanwhile."""
-    reported_blocks: set[tuple[str, int, str]] = field(default_factory=set)
-    """Blocked demand already announced, so each is said once per attempt and reason."""
-    out_of_capacity_until: dict[str, datetime] = field(default_factory=dict)
-    """Pools whose last growth failed, and until when they are left alone."""
+    memory: ScalerMemory = field(default_factory=ScalerMemory)
+    """What each pass leaves to the next (`policy.decision`): replaced, never changed."""
     pass_interval_s: float = 2.0
     """How often `reconcile` runs: said with the sightings, so readers know when one is stale."""
     recovered: bool = False
@@ -121,19 +115,12 @@ class Deps:
     settled_month: SettledMemo = field(default_factory=dict)
     """The same for this month's window (owners' spend), started over each month."""
     spend_since: datetime | None = None
-    knowledge: dict[str, PoolRecord] = field(default_factory=dict)
-    """What has been learnt of each pool, by this process and those before it."""
     last_status: PoolsStatus | None = None
     """The status the last pass published: what is said again, with the head away."""
     ray_head_away_since: datetime | None = None
     """Since when Ray's head has not answered a pass; None while it answers."""
     advisor: CapacityAdvisor | None = None
     """Where the cloud's forecast of the spot pools comes from, if the provider gives one."""
-    advice: dict[str, SpotAdvice] = field(default_factory=dict)
-    """The last forecast read, per spot pool."""
-    advice_read_at: datetime | None = None
-    """When the forecast was last asked for (read or not): it is asked again after
-    `ADVICE_EVERY_S`."""
 
 
 async def on_job_queued(event: Event[JobQueued], deps: Deps) -> None:
@@ -199,7 +186,7 @@ async def on_job_settled(event: Event[Any], deps: Deps) -> None:
     kept = None
     if isinstance(event.data, JobStarted):
         kept = elastic.kept_at_start(
-            await deps.demand.get(job_id), attempt, in_room=job_id in deps.last_in_room
+            await deps.demand.get(job_id), attempt, in_room=job_id in deps.memory.in_room
         )
     if kept is not None:
         await deps.demand.put(kept)
@@ -228,7 +215,8 @@ _EVERY_ATTEMPT = 1_000_000
 
 
 async def reconcile(deps: Deps) -> ScalePlan:
-    """One pass: observe, decide, act. Level-triggered: a missed pass is repaired by the next."""
+    """One pass: observe, decide (`policy.decision.decide`, one pure call), act, publish.
+    Level-triggered: a missed pass is repaired by the next."""
     # Before the listing: each node listed was alive at some instant after this.
     seen_at = deps.clock.now()
     provided = await deps.provider.nodes()
@@ -249,50 +237,37 @@ async def reconcile(deps: Deps) -> ScalePlan:
     provided, never_started = await _remove_unstarted(deps, provided, now)
     for pool, count in (await _announce_node_lifetimes(deps, provided, by_pool, seen_at)).items():
         taken_back[pool] = taken_back.get(pool, 0) + count
-    views = policy.node_views(deps.pools, provided, observed, now)
-    demands = await deps.demand.all()
-    unavailable = frozenset(
-        pool for pool, until in deps.out_of_capacity_until.items() if until > now
-    )
-    launched = {name: node.launched_at for name, node in deps.billed_nodes.items()}
     await _read_advice(deps, now)
-    decided = policy.plan(
-        deps.pools,
-        views,
-        lives.every_avoided(demands, launched),
-        deps.config,
-        now,
-        unavailable=unavailable,
-        risk=_risk(deps),
-        outlooks=_outlooks(deps, now),
+    demands = await deps.demand.all()
+    reply = decision.decide(
+        ScaleRequest(
+            pools=tuple(deps.pools),
+            config=deps.config,
+            now=now,
+            nodes=tuple(policy.node_views(deps.pools, provided, observed, now)),
+            demands=tuple(demands),
+            launched={name: node.launched_at for name, node in deps.billed_nodes.items()},
+            memory=deps.memory,
+        )
     )
-    deps.last_in_room = frozenset(decided.in_room)
     if not deps.leading():
         # Decided by a replica that no longer leads (it stalled meanwhile): the leader's
-        # own pass acts instead.
+        # own pass acts instead, and reports what is blocked.
         log.warning("scaler.pass_dropped", why="no longer leads")
-        return decided
-    await _hand_over(deps, demands, decided)
-    for served in elastic.served(demands, decided.in_room):
+        kept = {"reported_blocks": deps.memory.reported_blocks}
+        deps.memory = reply.memory.model_copy(update=kept)
+        return reply.plan
+    deps.memory = reply.memory
+    await _hand_over(deps, demands, reply.plan)
+    for served in reply.served:
         await deps.demand.remove(served, attempt=_EVERY_ATTEMPT)
-    status = policy.summarize(
-        deps.pools,
-        nodes=views,
-        demands=demands,
-        decided=decided,
-        config=deps.config,
-        now=now,
-        out_of_capacity_until=deps.out_of_capacity_until,
-        knowledge=deps.knowledge,
-        advice=deps.advice,
-    )
-    await deps.status.publish_status(status)
-    deps.last_status = status
-    metrics.PASS.replace(metrics.pass_samples(status, demands))
-    stocked_out = set(never_started) | await _resize(deps, decided, by_pool, provided, now)
+    await deps.status.publish_status(reply.status)
+    deps.last_status = reply.status
+    metrics.PASS.replace(metrics.pass_samples(reply.status, demands))
+    stocked_out = set(never_started) | await _resize(deps, reply.plan, by_pool, provided, now)
     await _learn(deps, provided, taken_back=taken_back, stocked_out=stocked_out, now=now)
-    await _report_blocked(deps, decided)
-    return decided
+    await _report_blocked(deps, reply.to_report)
+    return reply.plan
 
 
 async def _resize(
@@ -340,9 +315,10 @@ async def _resize(
             if pool_plan.target > pool_plan.current and not isinstance(error, ProviderBusyError):
                 # Likely no capacity of this kind in the zone now (a spot stock-out): stop
                 # asking for a while, and let `any` jobs take on-demand meanwhile.
-                retry_at = now + timedelta(seconds=deps.config.capacity_retry_after_s)
-                deps.out_of_capacity_until[pool_plan.pool] = retry_at
                 stocked_out.add(pool_plan.pool)
+                deps.memory = decision.stocked_out(
+                    deps.memory, [pool_plan.pool], now, deps.config.capacity_retry_after_s
+                )
             metrics.RESIZE_FAILURES.labels(pool_plan.pool).inc()
             failed = PoolResizeFailed(
                 pool=pool_plan.pool, to_size=pool_plan.target, message=str(error)
@@ -425,8 +401,9 @@ async def _remove_unstarted(
             kept.append(node)
             continue
         stocked_out.add(node.pool)
-        retry_at = now + timedelta(seconds=deps.config.capacity_retry_after_s)
-        deps.out_of_capacity_until[node.pool] = retry_at
+        deps.memory = decision.stocked_out(
+            deps.memory, [node.pool], now, deps.config.capacity_retry_after_s
+        )
         log.warning("node.never_started", node=node.name, pool=node.pool, why=node.not_started)
         try:
             await deps.provider.release(node.name)
@@ -477,87 +454,42 @@ async def _close_recreated(deps: Deps, provided: Sequence[ProvidedNode]) -> dict
     return taken_back
 
 
-async def _report_blocked(deps: Deps, decided: ScalePlan) -> None:
-    """Each blocked demand, once per attempt and reason."""
-    for blocked in decided.blocked:
-        if blocked.reason is BlockedReason.SETTLING:
-            continue  # a moment's wait, not news
-        key = (blocked.job_id, blocked.attempt, blocked.reason.value)
-        if key in deps.reported_blocks:
-            continue
-        deps.reported_blocks.add(key)
-        message = f"{blocked.job_id}: {blocked.reason.value}: {blocked.detail}"
+async def _report_blocked(deps: Deps, blocked: Sequence[Blocked]) -> None:
+    """Each blocked demand the decision has not reported before."""
+    for block in blocked:
+        message = f"{block.job_id}: {block.reason.value}: {block.detail}"
         await _publish(
             deps,
-            PoolResizeFailed(pool=blocked.pool or "none", to_size=0, message=message),
-            event_id=f"blocked-{blocked.job_id}-{blocked.attempt}-{blocked.reason.value}",
+            PoolResizeFailed(pool=block.pool or "none", to_size=0, message=message),
+            event_id=f"blocked-{block.job_id}-{block.attempt}-{block.reason.value}",
         )
         log.warning(
             "demand.blocked",
-            job_id=blocked.job_id,
-            reason=blocked.reason.value,
-            detail=blocked.detail,
+            job_id=block.job_id,
+            reason=block.reason.value,
+            detail=block.detail,
         )
-
-
-def _risk(deps: Deps) -> dict[str, float]:
-    """What each pool's losses, as learnt and as the cloud forecasts them, add to its
-    price: a restart (its boot) each."""
-    risk = {}
-    for pool in deps.pools:
-        record = deps.knowledge.get(pool.name)
-        advice = deps.advice.get(pool.name)
-        if record is None and advice is None:
-            continue
-        risk[pool.name] = policy.preemption_risk(
-            record.taken_back if record is not None else 0,
-            record.node_hours if record is not None else 0.0,
-            pool.boot_time_s / 3600,
-            uptime_h=advice.uptime_h if advice is not None else None,
-        )
-    return risk
-
-
-def _outlooks(deps: Deps, now: datetime) -> dict[str, SpotOutlook]:
-    """What has been seen of each spot pool, with what the cloud forecasts of it now, for
-    the deadline policy (a boot a restart)."""
-    return {
-        pool.name: deadline.advised(
-            record.outlook(pool.boot_time_s / 3600, now), deps.advice.get(pool.name)
-        )
-        for pool in deps.pools
-        if pool.capacity is CapacityClass.SPOT
-        and (record := deps.knowledge.get(pool.name)) is not None
-    }
-
-
-ADVICE_EVERY_S = 300.0
-"""How often the cloud's forecast is read: it moves with the market, in minutes, not seconds
-(and each read is an API call per pool)."""
 
 
 async def _read_advice(deps: Deps, now: datetime) -> None:
     """The cloud's forecast of the spot pools, read again when it is old; one that cannot be
     read leaves the last one (and a pool never advised on is decided on what was learnt)."""
-    if deps.advisor is None:
+    if deps.advisor is None or not decision.advice_due(deps.memory, now):
         return
-    if deps.advice_read_at is not None and (now - deps.advice_read_at).total_seconds() < (
-        ADVICE_EVERY_S
-    ):
-        return
-    deps.advice_read_at = now
+    deps.memory = deps.memory.model_copy(update={"advice_read_at": now})
     spot = [pool for pool in deps.pools if pool.capacity is CapacityClass.SPOT]
     try:
-        deps.advice = await deps.advisor.advice(spot)
+        advice = await deps.advisor.advice(spot)
     except OSError as error:
         log.warning("pools.advice_unread", error=str(error))
         return
-    for pool, advice in deps.advice.items():
+    deps.memory = deps.memory.model_copy(update={"advice": advice})
+    for pool, forecast in advice.items():
         log.info(
             "pools.advice",
             pool=pool,
-            obtainability=advice.obtainability,
-            uptime_h=advice.uptime_h,
+            obtainability=forecast.obtainability,
+            uptime_h=forecast.uptime_h,
         )
 
 
@@ -571,18 +503,17 @@ async def _learn(
 ) -> None:
     """What this pass saw of each pool, added to what is known of it, and posted."""
     # A pass that comes after a restart does not count the time between as held.
-    max_gap_s = 3 * deps.pass_interval_s
-    for pool in deps.pools:
-        deps.knowledge[pool.name] = observe(
-            deps.knowledge.get(pool.name),
-            pool.name,
-            now=now,
-            nodes=sum(1 for node in provided if node.pool == pool.name),
-            taken_back=taken_back.get(pool.name, 0),
-            stocked_out=pool.name in stocked_out,
-            max_gap_s=max_gap_s,
-        )
-    await deps.status.publish_knowledge(PoolsKnowledge(updated_at=now, pools=deps.knowledge))
+    deps.memory = decision.learnt(
+        deps.memory,
+        deps.pools,
+        nodes=Counter(node.pool for node in provided),
+        taken_back=taken_back,
+        stocked_out=stocked_out,
+        now=now,
+        max_gap_s=3 * deps.pass_interval_s,
+    )
+    knowledge = PoolsKnowledge(updated_at=now, pools=dict(deps.memory.knowledge))
+    await deps.status.publish_knowledge(knowledge)
 
 
 async def _take_over(deps: Deps, provided: Sequence[ProvidedNode]) -> None:
@@ -595,7 +526,8 @@ async def _take_over(deps: Deps, provided: Sequence[ProvidedNode]) -> None:
     stopped = await deps.provider.stopped()
     learnt = await deps.status.knowledge()
     if learnt is not None:
-        deps.knowledge = {**learnt.pools, **deps.knowledge}
+        knowledge = {**learnt.pools, **deps.memory.knowledge}
+        deps.memory = deps.memory.model_copy(update={"knowledge": knowledge})
     seen = dict(board.seen) if board is not None else {}
     listed = {node.name: node for node in provided}
     deps.ledger_names |= history.launched

@@ -144,6 +144,9 @@ class ScalerConfig(Frozen):
     capacity_retry_after_s: Annotated[float, Field(ge=0)] = 300.0
     """A pool whose resize failed (e.g. no spot capacity in the zone) is not grown for this
     long; meanwhile `any` jobs take on-demand capacity at once."""
+    learn_idle_timeout: bool = True
+    """Whether each pool's idle timeout is the one its idle periods say costs least
+    (`policy.keepalive`), never above `idle_timeout_s`; off, `idle_timeout_s` always."""
 
 
 class Reason(StrEnum):

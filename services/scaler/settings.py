@@ -22,6 +22,8 @@ class ScalerSettings(RuntimeSettings):
     """A TOML file of `[[pool]]` tables; the local default ships with the scaler."""
     budget_per_hour_usd: float = Field(50.0, ge=0)
     idle_timeout_s: float = Field(300.0, ge=0)
+    learn_idle_timeout: bool = True
+    """Each pool's idle timeout learnt from its idle periods, at most `idle_timeout_s`."""
     any_fallback_after_s: float = Field(600.0, ge=0)
     settle_s: float = Field(20.0, ge=0)
     capacity_retry_after_s: float = Field(300.0, ge=0)
@@ -101,6 +103,7 @@ class ScalerSettings(RuntimeSettings):
         return ScalerConfig(
             budget_per_hour_usd=self.budget_per_hour_usd,
             idle_timeout_s=self.idle_timeout_s,
+            learn_idle_timeout=self.learn_idle_timeout,
             any_fallback_after_s=self.any_fallback_after_s,
             settle_s=self.settle_s,
             capacity_retry_after_s=self.capacity_retry_after_s,

@@ -267,7 +267,8 @@ async def test_a_reconcile_pass_grows_the_worker_group_for_queued_work(
     assert [e.pool for e in events if isinstance(e, PoolResizeFailed)] == ["gpu-spot"]
     assert kube.group(NAME, "gpu-spot")["replicas"] == 2
 
-    deps.out_of_capacity_until.clear()  # past the capacity retry time
+    # Past the capacity retry time.
+    deps.memory = deps.memory.model_copy(update={"out_of_capacity_until": {}})
     await reconcile(deps)
     assert kube.group(NAME, "gpu-spot")["replicas"] == 3, "two workers there, three wanted"
     kube.operate(NAME, clock.now())

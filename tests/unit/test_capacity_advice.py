@@ -13,9 +13,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.scaler.handlers import ADVICE_EVERY_S, reconcile
+from services.scaler.handlers import reconcile
 from services.scaler.model import PoolSpec, ScalerConfig
 from services.scaler.policy import preemption_risk
+from services.scaler.policy.decision import ADVICE_EVERY_S
 from services.scaler.policy.packing import ADVICE_NODE_HOURS, RISK_PRIOR_NODE_HOURS
 from services.scaler.settings import ScalerSettings
 from services.scaler.simulation.deadline import DeadlineJob, Spotrain, forecast, run_online
@@ -123,7 +124,7 @@ async def test_the_scaler_reads_the_advice_every_few_minutes_and_shows_it() -> N
     clock.advance(timedelta(seconds=ADVICE_EVERY_S))
     await reconcile(deps)
     assert len(advisor.asked) == 2
-    assert deps.advice["gpu-spot"].uptime_h == 1.0, "a failed read keeps the last advice"
+    assert deps.memory.advice["gpu-spot"].uptime_h == 1.0, "a failed read keeps the last advice"
 
 
 @pytest.mark.parametrize(

@@ -129,5 +129,5 @@ async def test_the_scaler_learns_losses_keeps_them_across_a_restart_and_grows_th
     second = scaler(cluster, board, clock)
     await on_job_queued(queued("job-1"), second)
     await reconcile(second)
-    assert second.knowledge["spot-a"].taken_back == 2
+    assert second.memory.knowledge["spot-a"].taken_back == 2
     assert [pool.name for pool, _ in cluster.launched.values()] == ["spot-b"]

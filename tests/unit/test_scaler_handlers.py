@@ -16,6 +16,7 @@ from services.scaler.handlers import (
     reconcile,
 )
 from services.scaler.model import PoolSpec, ScalerConfig
+from services.scaler.policy.keepalive import MIN_PERIODS, IdleHistory
 from shared.events import decode, new_event
 from shared.events.data import (
     InterruptionCause,
@@ -169,6 +170,31 @@ async def test_an_idle_node_goes_after_the_timeout_once_its_job_started(
     assert deps.observer.drained == ["gpu-spot-1"], "drained in Ray before its VM goes"
 
 
+async def test_the_pass_learns_its_pools_idle_timeout(
+    deps: Deps, cluster: FakeCluster, clock: FixedClock
+) -> None:
+    """The live scaler learns the keep-alive as the replay's does: a node seen idle and
+    then busy is an idle period that ended in reuse; a pool whose idle nodes never see work
+    come back within the configured timeout lets its next idle node go at once."""
+    await on_job_queued(queued("job-1"), deps)
+    await reconcile(deps)
+    started = JobStarted(job_id="job-1", attempt=1, submission_id="job-1-1")
+    await on_job_settled(new_event(started, source="submitter", time=NOW), deps)
+    cluster.idle_s["gpu-spot-1"] = 10
+    await reconcile(deps)
+    clock.advance(timedelta(seconds=20))
+    cluster.idle_s["gpu-spot-1"] = 0
+    await reconcile(deps)
+    assert deps.memory.idle["gpu-spot"].periods == (30.0,), "idle 10 s when seen, 20 s more"
+    assert cluster.released == []
+    never_reused = IdleHistory(periods=(None,) * MIN_PERIODS)
+    deps.memory = deps.memory.model_copy(update={"idle": {"gpu-spot": never_reused}})
+    clock.advance(timedelta(seconds=2))
+    cluster.idle_s["gpu-spot-1"] = 2
+    await reconcile(deps)
+    assert cluster.released == ["gpu-spot-1"], "idle 2 s of a 60 s timeout, learnt down to 0"
+
+
 async def test_a_node_ray_will_not_drain_is_kept(
     deps: Deps, cluster: FakeCluster, clock: FixedClock
 ) -> None:
@@ -228,8 +254,8 @@ async def test_a_busy_provider_is_not_a_stock_out(deps: Deps, cluster: FakeClust
     await reconcile(deps)
     failed = [data for kind, data in published(deps) if kind.endswith("resize_failed.v1")]
     assert [f.message for f in failed] == ["another operation is running on gpu-spot"]
-    assert deps.out_of_capacity_until == {}
-    assert deps.knowledge["gpu-spot"].stock_outs == 0
+    assert deps.memory.out_of_capacity_until == {}
+    assert deps.memory.knowledge["gpu-spot"].stock_outs == 0
     cluster.busy.clear()
     await reconcile(deps)
     assert [pool.name for pool, _ in cluster.launched.values()] == ["gpu-spot"]
@@ -259,7 +285,7 @@ async def test_a_node_that_never_started_is_removed_unbilled_and_parks_its_pool(
     assert [(r.node, r.reason.value, r.released_at) for r in released] == [
         ("gpu-spot-1", "never-started", launched_at)
     ]
-    assert deps.knowledge["gpu-spot"].stock_outs == 1
+    assert deps.memory.knowledge["gpu-spot"].stock_outs == 1
     assert [pool.name for pool, _ in cluster.launched.values()] == ["gpu-od"]
 
 

@@ -192,7 +192,7 @@ async def test_a_vm_made_again_under_its_name_ends_one_node_and_bills_the_next(
         (name, None, first_at),
         (f"{name}@{int(preempted_at.timestamp())}", name, preempted_at),
     ]
-    assert deps.knowledge["gpu-spot"].taken_back == 1
+    assert deps.memory.knowledge["gpu-spot"].taken_back == 1
     cluster.boot_again(name, "222")
     await reconcile(deps)
     assert deps.billed_nodes[name].life == "222"
@@ -215,7 +215,7 @@ async def test_a_vm_made_again_in_an_upgrade_is_maintenance_not_a_take_back(
     await reconcile(deps)
     released = [e.data for e in _node_events(deps) if isinstance(e.data, NodeReleased)]
     assert [r.reason.value for r in released] == ["maintenance"]
-    assert deps.knowledge["gpu-spot"].taken_back == 0
+    assert deps.memory.knowledge["gpu-spot"].taken_back == 0
 
 
 async def test_a_node_replaced_in_an_upgrade_is_maintenance(
@@ -229,7 +229,7 @@ async def test_a_node_replaced_in_an_upgrade_is_maintenance(
     await reconcile(deps)
     released = [e.data for e in _node_events(deps) if isinstance(e.data, NodeReleased)]
     assert [(r.node, r.reason.value) for r in released] == [(name, "maintenance")]
-    assert deps.knowledge["gpu-spot"].taken_back == 0
+    assert deps.memory.knowledge["gpu-spot"].taken_back == 0
 
 
 async def test_a_vm_made_again_into_a_stock_out_parks_the_pool(
@@ -251,8 +251,8 @@ async def test_a_vm_made_again_into_a_stock_out_parks_the_pool(
     released = [e.data for e in _node_events(deps) if isinstance(e.data, NodeReleased)]
     assert [(r.node, r.reason.value, r.released_at) for r in released] == [(name, "gone", taken_at)]
     assert name in cluster.released
-    assert deps.knowledge["gpu-spot"].stock_outs == 1
-    assert deps.out_of_capacity_until.keys() == {"gpu-spot"}
+    assert deps.memory.knowledge["gpu-spot"].stock_outs == 1
+    assert deps.memory.out_of_capacity_until.keys() == {"gpu-spot"}
 
 
 async def test_a_job_that_lost_a_vm_may_run_on_the_vm_made_again_under_its_name(

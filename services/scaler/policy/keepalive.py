@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Sequence
+from datetime import datetime
 from itertools import accumulate
+
+from shared.events.types import Frozen
 
 MIN_PERIODS = 20
 """Fewer idle periods seen than this: the configured timeout stands."""
@@ -43,3 +46,40 @@ def best_idle_timeout_s(
         if cost < best_cost - 1e-9:
             best_t, best_cost = t, cost
     return best_t
+
+
+IDLE_PERIODS_KEPT = 1000
+"""Per pool, the latest idle periods learnt from: the pool's recent weeks, not its life."""
+
+
+class IdleHistory(Frozen):
+    """What one pool's keep-alive learns from: when its nodes went idle, for the periods no
+    work has ended yet (oldest first), and the latest periods that ended (`periods`: work
+    came after so many seconds, or None when none came within the longest timeout)."""
+
+    open_since: tuple[datetime, ...] = ()
+    periods: tuple[float | None, ...] = ()
+
+    def went_idle(self, since: datetime) -> IdleHistory:
+        return self.model_copy(update={"open_since": tuple(sorted((*self.open_since, since)))})
+
+    def demand_came(self, now: datetime, longest_s: float) -> IdleHistory:
+        """Work came for a node of the pool (an idle one was taken, or one was launched):
+        it ends the oldest idle period still open, as if that node had been kept, whichever
+        node it was and whatever timeout let it go. The periods older than `longest_s`
+        end first, with no work."""
+        starts = list(self.open_since)
+        ended: list[float | None] = []
+        while starts and (now - starts[0]).total_seconds() > longest_s:
+            starts.pop(0)
+            ended.append(None)
+        if starts:
+            ended.append(max(0.0, (now - starts.pop(0)).total_seconds()))
+        if not ended:
+            return self
+        periods = (*self.periods, *ended)[-IDLE_PERIODS_KEPT:]
+        return IdleHistory(open_since=tuple(starts), periods=periods)
+
+    def timeout_s(self, boot_s: float, longest_s: float) -> float:
+        reused = [x for x in self.periods if x is not None]
+        return best_idle_timeout_s(reused, len(self.periods) - len(reused), boot_s, longest_s)
