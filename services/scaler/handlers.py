@@ -243,7 +243,7 @@ async def reconcile(deps: Deps) -> ScalePlan:
         ScaleRequest(
             pools=tuple(deps.pools),
             config=deps.config,
-            now=now,
+            at=now,
             nodes=tuple(policy.node_views(deps.pools, provided, observed, now)),
             demands=tuple(demands),
             launched={name: node.launched_at for name, node in deps.billed_nodes.items()},

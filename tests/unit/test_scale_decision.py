@@ -142,7 +142,7 @@ def test_a_node_gone_while_idle_leaves_its_period_open_for_the_next_work() -> No
     assert idle_nodes == {}
     grown = decide(
         ScaleRequest(
-            pools=POOLS, config=CONFIG, now=NOW, nodes=(), demands=(demand(),), memory=memory
+            pools=POOLS, config=CONFIG, at=NOW, nodes=(), demands=(demand(),), memory=memory
         )
     )
     assert grown.plan.target("gpu-spot") == 1
@@ -153,7 +153,7 @@ def test_the_same_request_gives_the_same_reply() -> None:
     request = ScaleRequest(
         pools=POOLS,
         config=CONFIG,
-        now=NOW,
+        at=NOW,
         nodes=(idle_node("s1", 120.0),),
         demands=(demand("a", gpus=2), demand("b", gpus=4)),
         memory=ScalerMemory(advice={"gpu-spot": SpotAdvice(obtainability=0.9, uptime_h=1.0)}),
@@ -167,7 +167,7 @@ def test_the_reply_carries_the_plan_status_served_and_what_to_report() -> None:
         ScaleRequest(
             pools=POOLS,
             config=CONFIG,
-            now=NOW,
+            at=NOW,
             nodes=(node("s1", SPOT),),
             demands=(demand("a"), big),
         )
@@ -202,7 +202,7 @@ def test_the_idle_timeout_is_learnt_from_the_pools_periods(
     )
     reply = decide(
         ScaleRequest(
-            pools=POOLS, config=config, now=NOW, nodes=(idle_node("s1", 30.0),), demands=(),
+            pools=POOLS, config=config, at=NOW, nodes=(idle_node("s1", 30.0),), demands=(),
             memory=memory,
         )
     )  # fmt: skip

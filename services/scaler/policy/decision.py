@@ -75,7 +75,8 @@ class ScaleRequest(Frozen):
 
     pools: tuple[PoolSpec, ...]
     config: ScalerConfig
-    now: AwareDatetime
+    at: AwareDatetime
+    """When the pass decides (its `now`)."""
     nodes: tuple[NodeView, ...]
     demands: tuple[Demand, ...]
     launched: Mapping[str, AwareDatetime] = {}
@@ -97,7 +98,7 @@ class ScaleReply(Frozen):
 
 def decide(request: ScaleRequest) -> ScaleReply:
     """The whole decision of one pass. Pure: the same request always gives the same reply."""
-    now, memory, pools = request.now, request.memory, request.pools
+    now, memory, pools = request.at, request.memory, request.pools
     idle, idle_nodes = watch_idle(
         memory, request.pools, request.nodes, now, request.config.idle_timeout_s
     )
