@@ -250,14 +250,26 @@ def test_with_room_to_grow_nothing_is_starved(demands: list[Demand]) -> None:
     assert decided.blocked == ()
 
 
-def test_a_pool_that_just_launched_holds_while_it_settles() -> None:
-    """Work already placed on a fresh node is still pending until its job reports started."""
+@pytest.mark.parametrize(
+    ("waited_s", "held"),
+    [
+        pytest.param(10, True, id="queued-before-the-launch-may-be-what-it-was-bought-for"),
+        pytest.param(5, True, id="queued-as-it-launched"),
+        pytest.param(2, False, id="queued-after-the-launch-grows-at-once"),
+    ],
+)
+def test_a_pool_that_just_launched_holds_the_demand_queued_before(
+    waited_s: float, held: bool
+) -> None:
+    """Work already placed on a fresh node is still pending until its job reports started:
+    a demand queued before the launch may be it; one queued after cannot."""
     fresh = node("s1", SPOT, free_gpus=0).model_copy(update={"age_s": 5})
-    decided = plan(POOLS, [fresh], [demand(gpus=2)], CONFIG, NOW)
-    assert decided.target("gpu-spot") == 1
-    assert [b.reason for b in decided.blocked] == [BlockedReason.SETTLING]
+    decided = plan(POOLS, [fresh], [demand(gpus=2, waited_s=waited_s)], CONFIG, NOW)
+    assert decided.target("gpu-spot") == (1 if held else 2)
+    assert [b.reason for b in decided.blocked] == ([BlockedReason.SETTLING] if held else [])
     settled = fresh.model_copy(update={"age_s": 60})
-    assert plan(POOLS, [settled], [demand(gpus=2)], CONFIG, NOW).target("gpu-spot") == 2
+    later = plan(POOLS, [settled], [demand(gpus=2, waited_s=waited_s)], CONFIG, NOW)
+    assert later.target("gpu-spot") == 2
 
 
 def test_a_cpu_only_job_takes_the_cpus_left_on_a_full_gpu_node() -> None:

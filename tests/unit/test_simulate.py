@@ -89,15 +89,16 @@ def test_jobs_bigger_than_a_node_split_into_node_sized_bundles() -> None:
     assert split_bundles(12, pools) == (8, 4)
 
 
-def test_a_pool_grows_again_once_its_launch_has_settled_not_once_the_node_is_ready() -> None:
+def test_a_job_queued_after_a_launch_grows_the_pool_at_the_next_decision() -> None:
     """The policy sees each node's age afresh at every tick, as the live scaler does: the
-    first node (launched at 0 s, seen at 10 s when the second job queues) holds its pool for
-    the 20 s settle time only, so the second job's node is launched at 20 s, not at 60 s when
-    the first node is ready."""
+    first node (launched at 0 s, still settling when the second job queues at 5 s) holds
+    back only demand queued before it was launched, so the second job's node is launched at
+    the next decision (10 s), not when the settle time is over (20 s) nor when the first
+    node is ready (60 s)."""
     trace = [TraceJob("a", 0.0, 2, 3600.0), TraceJob("b", 5.0, 2, 3600.0)]
     result = simulate(trace, "spotrain", [pool()], CONFIG)
     assert result.nodes_launched == 2
-    assert result.wait_max_s == 20.0 + 60.0 - 5.0
+    assert result.wait_max_s == 10.0 + 60.0 - 5.0
 
 
 def test_preempted_spot_node_requeues_its_job() -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from operator import attrgetter
 from typing import Any
 
@@ -387,8 +387,9 @@ class _Packing:
     node; never mutated."""
     sizes: dict[str, int]
     """Nodes per pool now, booting ones included."""
-    settling: set[str]
-    """Pools that launched a node less than the settle time ago."""
+    settling: dict[str, datetime]
+    """Pools that launched a node less than the settle time ago, with when the youngest
+    was launched."""
     cost_per_hour_usd: float
     launches: dict[str, int] = field(default_factory=dict)
     placements: list[Placement] = field(default_factory=list)
@@ -537,7 +538,7 @@ def plan(
     """
     by_name = {p.name: p for p in pools}
     sizes = dict.fromkeys(by_name, 0)
-    settling = set()
+    settling: dict[str, datetime] = {}
     cost_per_hour_usd = 0.0
     slots = []
     idle: list[tuple[NodeView, _Slot | None]] = []
@@ -554,7 +555,8 @@ def plan(
         cost_per_hour_usd += pool.price_per_hour_usd
         if node.age_s < config.settle_s and not node.draining:
             # A fresh node may yet take the pending job; a draining one never will.
-            settling.add(node.pool)
+            launched_at = now - timedelta(seconds=node.age_s)
+            settling[node.pool] = max(launched_at, settling.get(node.pool, launched_at))
         free = node.free
         slot = None
         if free.gpus > 0 or (gpuless_asked and free.cpus > _EPSILON):
@@ -743,7 +745,7 @@ def _place(
             trial = _Trial(room)
             trial.fit(bundles, choice.zones[pool.zone], grow=empty_node, avoid=avoid)
             count = len(trial.new_slots)
-        refusal = _refusal(pool, count, packing, config)
+        refusal = _refusal(demand, pool, count, packing, config)
         if refusal is None:
             packing.launches[pool.name] = packing.launches.get(pool.name, 0) + count
             packing.cost_per_hour_usd += count * pool.price_per_hour_usd
@@ -794,10 +796,15 @@ def _fit_in_room(
 
 
 def _refusal(
-    pool: PoolSpec, count: int, packing: _Packing, config: ScalerConfig
+    demand: Demand, pool: PoolSpec, count: int, packing: _Packing, config: ScalerConfig
 ) -> tuple[BlockedReason, str] | None:
-    """Why the pool may not grow by `count` nodes now, if it may not."""
-    if pool.name in packing.settling:
+    """Why the pool may not grow by `count` nodes for the demand now, if it may not. A pool
+    that launched a node within the settle time holds back the demand queued before that
+    launch (the node may be its, still to be seen taking it); one queued after it cannot
+    be what the node was bought for, and grows the pool at once (a sweep's jobs seconds
+    apart wait one boot, not a boot and the settle time)."""
+    settling_since = packing.settling.get(pool.name)
+    if settling_since is not None and demand.queued_at <= settling_since:
         return (
             BlockedReason.SETTLING,
             f"{pool.name} launched a node less than {config.settle_s:.0f}s ago",
