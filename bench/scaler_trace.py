@@ -7,8 +7,16 @@ days (24,129 jobs arriving in bursts), where the idle tail after each job and th
 before it dominate; spotrain (its idle timeout learnt per pool, `policy.keepalive`) beside
 naive and Ray, with `bursty_*` lines.
 
+Then the trace families drawn from published distributions (`simulation/families.py`:
+Philly, Alibaba PAI and SenseTime Helios job shapes; steady, diurnal and weekly arrivals with
+a Monday surge and sweeps), each with `<family>_cost_over_lower_bound_<policy>`,
+`_cost_over_reuse_bound_`, `_utilisation_`, `_wait_p95_s_`, and the floor no keep-alive can
+go under (`<family>_reuse_bound_over_lower_bound`: every start pays a boot unless a GPU
+freed within a boot before).
+
     python bench/scaler_trace.py [--trace FILE] [--limit N] [--policy all]
         [--preemption-rate-per-hour X] [--seed S] [--plots DIR] [--bursty-only]
+        [--families-only]
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from services.scaler.simulation.families import FAMILIES, describe, generate
 from services.scaler.simulation.replay import (
     load_pools,
     parser,
@@ -62,10 +71,43 @@ def bursty() -> None:
         print(f"{name}: {'met' if met else 'NOT met'}")
 
 
+def families() -> None:
+    """Every family under spotrain, naive and Ray, with the issue's targets per family."""
+    pools, config = load_pools(None)
+    for chosen in FAMILIES:
+        trace = generate(chosen)
+        shape = describe(trace)
+        results = [simulate(trace, name, pools, config) for name in ("spotrain", "naive", "ray")]
+        print(
+            f"{chosen.name}: {len(trace)} jobs over {chosen.days} days "
+            f"(median {shape['duration_p50_s']:.0f} s, {shape['one_gpu_share']:.0%} on 1 GPU, "
+            f"{shape['mean_busy_gpus']:.0f} GPUs busy on average)"
+        )
+        print_table(results)
+        ours, others = results[0], results[1:]
+        floor = ours.reuse_bound_usd / ours.lower_bound_usd
+        print(f"{chosen.name}_reuse_bound_over_lower_bound: {floor:.4f}")
+        for r in results:
+            print(f"{chosen.name}_cost_over_lower_bound_{r.policy}: {r.cost_over_lower_bound}")
+            print(f"{chosen.name}_cost_over_reuse_bound_{r.policy}: {r.cost_over_reuse_bound}")
+            print(f"{chosen.name}_utilisation_{r.policy}: {r.utilisation}")
+            print(f"{chosen.name}_wait_p95_s_{r.policy}: {r.wait_p95_s:.1f}")
+        targets = {
+            "cost_le_1.15x_lower_bound": ours.cost_over_lower_bound <= 1.15,
+            "utilisation_ge_90pct": ours.utilisation >= 0.90,
+            "p95_wait_no_worse": all(ours.wait_p95_s <= o.wait_p95_s for o in others),
+        }
+        for name, met in targets.items():
+            print(f"{chosen.name}_target_{name}: {'met' if met else 'NOT met'}")
+
+
 def main() -> None:
     argv = sys.argv[1:]
     if "--bursty-only" in argv:
         bursty()
+        return
+    if "--families-only" in argv:
+        families()
         return
     if "--trace" not in argv:
         argv = ["--trace", str(PHILLY), *argv]
@@ -98,6 +140,7 @@ def main() -> None:
     for name, met in targets.items():
         print(f"{name}: {'met' if met else 'NOT met'}")
     bursty()
+    families()
 
 
 if __name__ == "__main__":
