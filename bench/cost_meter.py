@@ -25,8 +25,6 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from services.scaler.metrics import cost_samples
-from shared.cost import CostFold, attributed, ledger
-from shared.cost.attribution import SettledMemo
 from shared.events import Event, new_event
 from shared.events.data import (
     InterruptionCause,
@@ -40,6 +38,8 @@ from shared.events.data import (
     ReleaseReason,
 )
 from shared.events.types import Bundle, CapacityClass
+from shared.policy.cost import CostFold, attributed, ledger
+from shared.policy.cost.attribution import SettledMemo
 
 START = datetime(2026, 11, 30, tzinfo=UTC)
 DAY_S = 86_400

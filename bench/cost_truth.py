@@ -29,14 +29,14 @@ from pathlib import Path
 from typing import Any
 
 from shared.client import SpotrainClient
-from shared.cost import ledger
-from shared.cost.attribution import exact, seconds
 from shared.events.data import NodeLaunched, NodeReleased, ReleaseReason
 from shared.localstack import stack
 from shared.localstack.nodes import NodeFolder, kill_node
 from shared.localstack.processes import ProcessRecord, is_running
 from shared.localstack.settings import LocalStackSettings, isolated_stack
 from shared.messaging import BusSettings
+from shared.policy.cost import ledger
+from shared.policy.cost.attribution import exact, seconds
 
 CLI = [sys.executable, "-c", "from shared.cli.entry import main; main()"]
 SLEEP = "import sys, time\ntime.sleep(float(sys.argv[1]))\n"

@@ -36,11 +36,11 @@ from services.scaler.handlers import Deps, on_job_queued, reconcile
 from services.scaler.model import ObservedNode, PoolSpec, ProvidedNode, ScalerConfig, StoppedNode
 from services.scaler.ports import PoolProvider, ProviderBusyError
 from shared.clock import SystemClock
-from shared.cost.node_ends import NodeEnd
 from shared.events import decode, new_event
 from shared.events.data import JobQueued, NodeReleased, PoolResizeFailed
 from shared.events.types import Bundle, CapacityClass
 from shared.messaging.memory import InMemoryBus
+from shared.policy.cost.node_ends import NodeEnd
 from tests.fakes.compute_server import FakeCompute, serve_fake_compute
 from tests.fakes.gke_server import FakeGke, FakeNodePool, serve_fake_gke
 from tests.fakes.scaler import InMemoryDemandStore, RecordingStatusBoard

@@ -1,7 +1,7 @@
 """Does the live platform do what the simulator predicts? Five deadline jobs on a local stack
 of their own, whose spot pool follows a real market trace at a speed-up (`spotrain up
 --spot-market`), side by side with the simulator (`spotrain simulate deadline`'s model and
-the same deadline policy, `shared.deadline`) on the same market, from the moment each job
+the same deadline policy, `shared.policy.deadline`) on the same market, from the moment each job
 was submitted, with the same work, deadline, restart overhead and prices.
 
 The market is a stretch of a real 1-node availability trace (AWS us-west-2a V100, 10-minute
@@ -38,13 +38,13 @@ from services.scaler.simulation.deadline import DeadlineJob, Outcome, Spotrain, 
 from services.scaler.simulation.traces import SpotTrace, read_spot_trace
 from shared.cli.market_demo import capacity_moves
 from shared.client import SpotrainClient
-from shared.cost.report import GroupBy, cost_rows
 from shared.events.types import CapacityClass
 from shared.jobs import JobRecord, JobState
 from shared.localstack import stack
 from shared.localstack.market import MARKET_FILE, MarketConfig, load_markets
 from shared.localstack.settings import isolated_stack
 from shared.messaging import BusSettings
+from shared.policy.cost.report import GroupBy, cost_rows
 from shared.spot_traces import SpotMarketOption
 
 ROOT = Path(__file__).parents[1]

@@ -1,6 +1,6 @@
 """Teams on one cluster: the Philly trace's first jobs shared by five teams whose spot
 guarantees sum to the cluster (30/25/20/15/10 %), each allowed to borrow as much again,
-a fifth of the jobs high priority. The platform's fair share (shared.fairshare) with
+a fifth of the jobs high priority. The platform's fair share (shared.policy.fairshare) with
 checkpoint-first preemption, side by side in the same run with kill-and-restart (the
 victim loses what it did since its last periodic checkpoint) and with no preemption of
 running work (the baseline a queue without reclaim gives).

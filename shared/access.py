@@ -5,7 +5,7 @@ desk answers people with what they may read); the web page shows with them."""
 from __future__ import annotations
 
 from shared.jobs import JobRecord
-from shared.teams import Teams
+from shared.policy.teams import Teams
 
 
 def who_may_not_cancel(

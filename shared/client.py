@@ -23,7 +23,6 @@ import nats.js.errors
 from pydantic import ValidationError
 
 from shared.clock import Clock, SystemClock
-from shared.cost import COST_EVENTS, Ledger, PoolPrice, ledger
 from shared.desk import (
     MAX_WAIT_S,
     MOST_ASKS_PER_PERSON,
@@ -56,7 +55,10 @@ from shared.messaging.settings import (
     Role,
     credentials_file,
 )
-from shared.pool_knowledge import KNOWLEDGE_KEY, PoolsKnowledge
+from shared.policy.cost import COST_EVENTS, Ledger, PoolPrice, ledger
+from shared.policy.pool_knowledge import KNOWLEDGE_KEY, PoolsKnowledge
+from shared.policy.teams import STATUS_KEY as TEAMS_STATUS_KEY
+from shared.policy.teams import TeamsStatus, teams_bucket
 from shared.pools import (
     SIGHTINGS_KEY,
     STATUS_KEY,
@@ -65,8 +67,6 @@ from shared.pools import (
     billed_up_to,
     pools_bucket,
 )
-from shared.teams import STATUS_KEY as TEAMS_STATUS_KEY
-from shared.teams import TeamsStatus, teams_bucket
 from shared.workspace import PackedWorkspace, pack, upload
 
 TERMINAL_EVENTS = (JobSucceeded, JobFailed, JobCancelled, JobRejected)
@@ -420,7 +420,7 @@ class SpotrainClient:
         self, *, since: datetime | None = None, prices: Mapping[str, PoolPrice] | None = None
     ) -> Ledger:
         """Every node-second billed since `since` (all of it by default) up to now,
-        attributed to the attempts that held the nodes or to idle; see `shared.cost`."""
+        attributed to the attempts that held the nodes or to idle; see `shared.policy.cost`."""
         # Sightings first: a node closed after they were read has its end among the events;
         # read the other way round, it would be open with no sighting, billed nothing.
         sightings = await self.sightings()

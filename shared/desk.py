@@ -45,7 +45,7 @@ from shared.events.data import (
 from shared.events.types import Frozen, JobId, ObjectRef
 from shared.jobs import JobRecord
 from shared.messaging.delivery import DeadLetterReason
-from shared.teams import TeamHolds, TeamsStatus
+from shared.policy.teams import TeamHolds, TeamsStatus
 from shared.workspace import DEFAULT_LIMIT_BYTES
 
 ANSWER_LIMIT_BYTES = 512 * 1024

@@ -7,9 +7,9 @@ from datetime import datetime
 
 from pydantic import AwareDatetime, Field
 
-from shared.deadline import SpotAdvice, SpotOutlook
 from shared.events.types import CapacityClass, Frozen
 from shared.messaging.ports import KeyValue
+from shared.policy.deadline import SpotAdvice, SpotOutlook
 
 STATUS_KEY = "status"
 SIGHTINGS_KEY = "sightings"
@@ -42,7 +42,7 @@ class PoolStatus(Frozen):
     stock_outs: int = 0
     """Growths it refused for want of capacity."""
     outlook: SpotOutlook | None = None
-    """A spot pool's availability as seen (`shared.deadline`): for deadline decisions."""
+    """A spot pool's availability as seen (`shared.policy.deadline`): for deadline decisions."""
     advice: SpotAdvice | None = None
     """What the cloud forecasts of a spot pool now (its capacity advice), where it says."""
 

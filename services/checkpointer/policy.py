@@ -1,6 +1,6 @@
 """The checkpointer's decisions, pure: which attempts a notice or a loss concerns, how
 a lost attempt carries on (from which checkpoint, on which capacity, or not at all), and
-when a running deadline job moves between spot and on-demand (`shared.deadline`)."""
+when a running deadline job moves between spot and on-demand (`shared.policy.deadline`)."""
 
 from __future__ import annotations
 
@@ -21,11 +21,11 @@ from services.checkpointer.model import (
     Resume,
     Skip,
 )
-from shared import deadline
-from shared.deadline import Run, WindowTally
 from shared.events.data import JobFailed, JobResumed, MoveReason
 from shared.events.types import CapacityClass
 from shared.jobs import bundles_of, work_left_s
+from shared.policy import deadline
+from shared.policy.deadline import Run, WindowTally
 from shared.pools import PoolsStatus
 
 _ENDED_ON_ITS_OWN = (AttemptState.SUCCEEDED, AttemptState.FAILED, AttemptState.STOPPED)

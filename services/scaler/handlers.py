@@ -31,9 +31,6 @@ from services.scaler.ports import (
     StatusBoard,
 )
 from shared.clock import Clock
-from shared.cost import CostFold, attributed, month_start, on_demand_counterpart, spend_by_owner
-from shared.cost.attribution import SettledMemo
-from shared.cost.node_ends import OpenNode, best_end, closings, node_history
 from shared.events import Event, EventData, new_event, node_event_id
 from shared.events.data import (
     JobCancelled,
@@ -55,7 +52,16 @@ from shared.events.data import (
 )
 from shared.events.types import CapacityClass
 from shared.messaging import EventPublisher, HandlerWithDeps
-from shared.pool_knowledge import PoolsKnowledge
+from shared.policy.cost import (
+    CostFold,
+    attributed,
+    month_start,
+    on_demand_counterpart,
+    spend_by_owner,
+)
+from shared.policy.cost.attribution import SettledMemo
+from shared.policy.cost.node_ends import OpenNode, best_end, closings, node_history
+from shared.policy.pool_knowledge import PoolsKnowledge
 from shared.pools import NodeSightings, OwnersSpend, PoolsStatus
 from shared.ray_head import RayHeadUnavailableError
 

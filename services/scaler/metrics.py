@@ -9,8 +9,8 @@ from collections.abc import Sequence
 from prometheus_client import Counter
 
 from services.scaler.model import Demand, PoolSpec, Reason
-from shared.cost import CostRow, Ledger
 from shared.events.data import ReleaseReason
+from shared.policy.cost import CostRow, Ledger
 from shared.pools import PoolsStatus
 from shared.runtime.metrics import GaugeSpec, register_snapshot
 

@@ -8,10 +8,10 @@ from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
 
 from services.scaler.model import Demand, ObservedNode, PoolSpec, ProvidedNode, StoppedNode
-from shared.cost.node_ends import NodeEnd
-from shared.deadline import SpotAdvice
 from shared.events import Event
-from shared.pool_knowledge import PoolsKnowledge
+from shared.policy.cost.node_ends import NodeEnd
+from shared.policy.deadline import SpotAdvice
+from shared.policy.pool_knowledge import PoolsKnowledge
 from shared.pools import NodeSightings, OwnersSpend, PoolsStatus
 
 

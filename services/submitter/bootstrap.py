@@ -26,9 +26,9 @@ from services.submitter.settings import SubmitterSettings
 from shared.clock import SystemClock
 from shared.jobs import jobs_bucket
 from shared.messaging import EventBus, Subscription, bind_routes
+from shared.policy.teams import teams_bucket
 from shared.pools import PoolsBucket, pools_bucket
 from shared.runtime import ServiceDefinition, Ticker, Watch
-from shared.teams import teams_bucket
 from shared.workspace import declare_stores, workspaces_bucket
 
 

@@ -48,9 +48,9 @@ from shared.events.data import (
 )
 from shared.events.types import CapacityClass
 from shared.messaging import EventPublisher, HandlerWithDeps, RetryLater, Unhandleable
+from shared.policy.teams import Teams
 from shared.pools import gpu_hour_usd
 from shared.ray_head import RayHeadUnavailableError
-from shared.teams import Teams
 from shared.workspace import workspaces_bucket
 
 SERVICE = "submitter"

@@ -8,8 +8,8 @@ from typing import Protocol
 from services.submitter.model import JobRecord, RayJobStatus, SubmissionPlan
 from shared.checkpoints import CheckpointRequest, ProgressReport, StopAsk
 from shared.events.types import ObjectRef
+from shared.policy.teams import TeamHolds, Teams, TeamsStatus
 from shared.pools import OwnersSpend, PoolsStatus
-from shared.teams import TeamHolds, Teams, TeamsStatus
 
 Revision = int
 

@@ -44,7 +44,7 @@ class SubmitterSettings(RuntimeSettings):
         None,
         validation_alias=AliasChoices("SPOTRAIN_SUBMITTER_TEAMS_FILE", "SPOTRAIN_TEAMS_FILE"),
     )
-    """The teams file (TOML, shared/teams.py); unset: no teams, per-owner limits only."""
+    """The teams file (TOML, shared/policy/teams.py); unset: no teams, per-owner limits only."""
     min_runtime_before_preemption_s: float = Field(
         300.0,
         ge=0,

@@ -17,7 +17,8 @@ from shared.cli.console import CliError, OutputOption, duration_s, err, out, pri
 from shared.cli.job_actions import iso_moment
 from shared.cli.tables import Column, Output
 from shared.client import SpotrainClient
-from shared.cost import (
+from shared.jobs import span_text
+from shared.policy.cost import (
     CostRow,
     GroupBy,
     Ledger,
@@ -29,7 +30,7 @@ from shared.cost import (
     load_overrides,
     total,
 )
-from shared.cost.billing_export import (
+from shared.policy.cost.billing_export import (
     BillingExport,
     ExportError,
     Match,
@@ -39,9 +40,9 @@ from shared.cost.billing_export import (
     read_export,
     reconcile,
 )
-from shared.cost.node_ends import Unaccounted, node_history, unaccounted
-from shared.jobs import span_text
+from shared.policy.cost.node_ends import Unaccounted, node_history, unaccounted
 from shared.pools import billed_up_to
+from shared.prices import packaged_catalog
 
 
 def register(app: typer.Typer) -> None:
@@ -66,7 +67,7 @@ def cost(  # noqa: PLR0917  # a typer command: its options are its parameters
             envvar="SPOTRAIN_COST_PRICES_FILE",
             help="A TOML file of per-pool prices that override the pools' configured ones: "
             "[pool.NAME] price_per_hour_usd, on_demand_price_per_hour_usd, or machine_type "
-            "(a machine of the dated list-price catalog in shared/cost).",
+            "(a machine of the dated list-price catalog in shared/policy/cost).",
         ),
     ] = None,
     as_json: Annotated[
@@ -274,7 +275,7 @@ def _overrides(path: Path) -> dict[str, PoolPrice]:
     except OSError as error:
         raise CliError(f"cannot read the prices file {path}: {error.strerror}", 2) from None
     try:
-        return load_overrides(text)
+        return load_overrides(text, packaged_catalog())
     except PricingError as error:
         raise CliError(f"{path}: {error}", 2) from None
 

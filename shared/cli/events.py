@@ -27,13 +27,13 @@ import typer
 
 from shared.cli.console import CliError, err, table_width
 from shared.cli.tables import Output, event_line, too_narrow
-from shared.cost import COST_EVENTS
 from shared.events import CATALOG, EventData, InvalidEventError, decode, subjects_for
 from shared.events.catalog import replay_subjects_for
 from shared.events.data import NodeLaunched, NodeLost, NodeReleased
 from shared.messaging import BusSettings
 from shared.messaging.jetstream import BusUnavailableError, JetStreamBus
 from shared.messaging.ports import StreamRecord
+from shared.policy.cost import COST_EVENTS
 from shared.replay import (
     event_types,
     import_lines,

@@ -34,9 +34,6 @@ from shared.client import (
     current_user_is_a_person,
     new_job_id,
 )
-from shared.cost import CostRow, Ledger, format_usd, job_costs
-from shared.cost.attribution import Charge, NodeLife
-from shared.elastic import WorkerRange, is_ray_train_script, most_workers, parse_workers
 from shared.events import Event, EventData
 from shared.events.data import JobFailed, JobProgress, JobRejected, JobRequested, JobResized
 from shared.events.types import Bundle, CapacityClass
@@ -50,8 +47,11 @@ from shared.jobs import (
     span_text,
     steps_lost,
 )
+from shared.policy.cost import CostRow, Ledger, format_usd, job_costs
+from shared.policy.cost.attribution import Charge, NodeLife
+from shared.policy.elastic import WorkerRange, is_ray_train_script, most_workers, parse_workers
+from shared.policy.teams import team_uses
 from shared.pools import PoolsStatus, PoolStatus
-from shared.teams import team_uses
 from shared.workspace import WorkspaceError
 
 T = TypeVar("T")

@@ -22,7 +22,6 @@ from rich.console import Console
 from shared.cli.console import CliError
 from shared.cli.demo import SCRIPT, Story, connect_to_stack, submit_accepted, within
 from shared.client import SpotrainClient
-from shared.cost.report import GroupBy, cost_rows
 from shared.events import new_event_id
 from shared.events.data import (
     JobFailed,
@@ -42,6 +41,7 @@ from shared.localstack.market import (
     next_stock_out,
 )
 from shared.localstack.settings import LocalStackSettings
+from shared.policy.cost.report import GroupBy, cost_rows
 
 POOL = "gpu-spot"
 STEP_S = 0.5

@@ -28,9 +28,9 @@ from shared.cli.tables import Column, column_width, fitting
 from shared.cli.tables import render as render_lines
 from shared.client import PlatformError, SpotrainClient
 from shared.clock import Clock, SystemClock
-from shared.cost import CostRow, GroupBy, cost_rows, format_usd, job_costs, total
 from shared.jobs import JobRecord, JobState, span_text
 from shared.messaging import BusSettings
+from shared.policy.cost import CostRow, GroupBy, cost_rows, format_usd, job_costs, total
 from shared.pools import PoolsStatus
 
 T = TypeVar("T")

@@ -18,7 +18,8 @@ from shared.localstack.settings import LocalStackSettings
 from shared.messaging.jetstream import BusAuthenticationError, BusUnavailableError, JetStreamBus
 from shared.messaging.settings import CREDENTIALS_VARIABLE, BusSettings
 from shared.natsauth.files import add_person, person_env, write_env_file
-from shared.teams import Teams, load_teams, membership_refusal
+from shared.policy.teams import Teams, membership_refusal
+from shared.teams_file import load_teams
 
 users_app = typer.Typer(help="People with credentials of their own (a secure stack).")
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from pydantic import AwareDatetime, BaseModel, Field
 
-from shared.deadline import SpotAdvice
+from shared.policy.deadline import SpotAdvice
 from shared.spot_traces import SpotMarketOption, SpotTrace, read_spot_trace
 
 MARKET_FILE = "spot-markets.json"

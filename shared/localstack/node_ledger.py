@@ -15,12 +15,12 @@ from datetime import UTC, datetime
 
 from shared.client import SpotrainClient
 from shared.clock import SystemClock
-from shared.cost.node_ends import closings, node_history
 from shared.events import new_event, node_event_id
 from shared.events.data import NodeReleased, ReleaseReason
 from shared.localstack.nodes import NodeFolder
 from shared.messaging.jetstream import JetStreamBus
 from shared.messaging.settings import BusSettings
+from shared.policy.cost.node_ends import closings, node_history
 from shared.pools import billed_up_to
 
 SOURCE = "scaler"

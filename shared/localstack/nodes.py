@@ -24,7 +24,6 @@ from pathlib import Path
 
 from pydantic import AwareDatetime, BaseModel, ValidationError
 
-from shared.cost.node_ends import NodeEnd
 from shared.events.data import NodeEndSource
 from shared.localstack.node_keeper import record_end
 from shared.localstack.processes import (
@@ -33,6 +32,7 @@ from shared.localstack.processes import (
     session_processes,
     stop_session,
 )
+from shared.policy.cost.node_ends import NodeEnd
 
 
 class PreemptionNotice(BaseModel):

@@ -50,8 +50,8 @@ from shared.events.data import (
 from shared.jobs import jobs_bucket, refusals_bucket
 from shared.leases import leases_bucket
 from shared.messaging.settings import Role
+from shared.policy.teams import teams_bucket
 from shared.pools import pools_bucket
-from shared.teams import teams_bucket
 from shared.workspace import uploads_bucket, workspaces_bucket
 
 JS_API = "$JS.API"

@@ -24,12 +24,12 @@ from typing import Any, Protocol, TextIO
 
 from shared.client import PlatformError, SpotrainClient
 from shared.clock import Clock, SystemClock
-from shared.cost import job_costs
 from shared.events import Event, EventData
 from shared.jobs import JobRecord
 from shared.messaging import BusSettings
 from shared.notebook.loop_thread import LoopThread
 from shared.notebook.progress import JobView, advance, render_html, render_text
+from shared.policy.cost import job_costs
 
 DEFAULT_REFRESH_S = 1.0
 """How often the line is redrawn between events, so that `queued 12s` keeps counting."""
@@ -212,7 +212,7 @@ async def _produce(
 
 
 class LedgerCosts:
-    """The job's cost so far from the platform's own ledger (`shared.cost`)."""
+    """The job's cost so far from the platform's own ledger (`shared.policy.cost`)."""
 
     def __init__(self, client: SpotrainClient) -> None:
         self._client = client

@@ -12,11 +12,11 @@ from slack_sdk.web.async_client import AsyncWebClient
 
 from shared.client import PlatformError, SpotrainClient
 from shared.clock import Clock
-from shared.cost import CostRow, job_costs
 from shared.events import new_event
 from shared.events.data import JobCancelRequested, JobRequested
 from shared.jobs import JobRecord
 from shared.messaging import EventBus
+from shared.policy.cost import CostRow, job_costs
 from shared.pools import PoolsStatus
 from shared.slack.model import ExperimentCost, JobCost
 from shared.slack.ports import ChatRefusedError, ChatUnavailableError, PlatformUnavailableError
@@ -106,7 +106,7 @@ class WebApiChat:
 
 
 class LedgerCosts:
-    """Costs from the platform's own ledger (`shared.cost`): every node-second attributed to
+    """Costs from the platform's own ledger (`shared.policy.cost`): every node-second attributed to
     the attempts that held it; read from the bus on each question."""
 
     def __init__(self, client: SpotrainClient) -> None:

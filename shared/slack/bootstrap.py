@@ -17,7 +17,7 @@ from shared.slack.adapters import BusPlatform, LedgerCosts, WebApiChat
 from shared.slack.app import InFlight, build_app, web_app
 from shared.slack.handlers import SERVICE, SUBSCRIPTIONS, Deps
 from shared.slack.settings import SlackSettings
-from shared.teams import load_teams
+from shared.teams_file import load_teams
 
 log = structlog.get_logger()
 

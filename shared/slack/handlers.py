@@ -16,6 +16,7 @@ from shared.clock import Clock
 from shared.events import Event, EventData
 from shared.events.data import JobRequested
 from shared.messaging import HandlerWithDeps, RetryLater, Unhandleable
+from shared.policy.teams import Teams
 from shared.slack import policy, replies
 from shared.slack.commands import Cancel, Command, CommandError, Cost, Help, Status, Submit, parse
 from shared.slack.model import ChannelId, Origin, Project, SlackUserId
@@ -28,7 +29,6 @@ from shared.slack.ports import (
     Platform,
     PlatformUnavailableError,
 )
-from shared.teams import Teams
 
 SERVICE = "slack"
 log = structlog.get_logger()

@@ -27,10 +27,10 @@ from shared.events.data import (
 )
 from shared.events.types import Bundle
 from shared.jobs import JobRecord
+from shared.policy.teams import Teams
 from shared.slack import replies
 from shared.slack.commands import Submit
 from shared.slack.model import JobCost, Origin, Project
-from shared.teams import Teams
 
 POSTED_EVENTS: tuple[type[EventData], ...] = (
     JobAccepted,

@@ -14,10 +14,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from shared.cost import COST_EVENTS, CostFold, Ledger, attributed
 from shared.events import Event, EventData
 from shared.events.data import NodeLost, NodePreempting, PoolResizeFailed
 from shared.jobs import JobRecord
+from shared.policy.cost import COST_EVENTS, CostFold, Ledger, attributed
 
 OVER_TIME_POINTS = 24
 """Moments a spend-over-time chart is drawn at, evenly over the ledger's span."""

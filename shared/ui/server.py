@@ -26,14 +26,14 @@ from aiohttp import web
 
 from shared.access import may_read, who_may_not_cancel
 from shared.clock import Clock
-from shared.cost import GroupBy, Ledger
-from shared.cost.report import cost_rows, format_usd, job_costs
 from shared.desk import teams_status_for
 from shared.events import Event, EventData
 from shared.jobs import JobRecord, JobState
 from shared.logs import deferred_logger
+from shared.policy.cost import GroupBy, Ledger
+from shared.policy.cost.report import cost_rows, format_usd, job_costs
+from shared.policy.teams import Teams, TeamsStatus, team_uses
 from shared.pools import NodeSightings, PoolsStatus, billed_up_to
-from shared.teams import Teams, TeamsStatus, team_uses
 from shared.ui import views
 from shared.ui.board import Board, spend_points
 

@@ -18,9 +18,6 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
-from shared.cost import CostRow, Ledger, format_usd
-from shared.cost.attribution import Charge, NodeLife
-from shared.cost.ledger import JobInfo
 from shared.desk import HIDDEN_OWNER
 from shared.events import Event, EventData
 from shared.events.data import (
@@ -31,6 +28,9 @@ from shared.events.data import (
     NodePreempting,
 )
 from shared.jobs import Attempt, AttemptState, JobRecord, JobState, steps_lost
+from shared.policy.cost import CostRow, Ledger, format_usd
+from shared.policy.cost.attribution import Charge, NodeLife
+from shared.policy.cost.ledger import JobInfo
 from shared.pools import PoolsStatus
 
 PAGE_SIZE = 50

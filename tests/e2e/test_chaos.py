@@ -26,7 +26,6 @@ from typing import Any
 import pytest
 
 from shared.client import SpotrainClient
-from shared.cost import Ledger
 from shared.events import Event, decode
 from shared.events.data import (
     JobCancelled,
@@ -43,6 +42,7 @@ from shared.localstack.processes import ProcessRecord
 from shared.localstack.settings import LocalStackSettings
 from shared.messaging import BusSettings
 from shared.messaging.jetstream import JetStreamBus
+from shared.policy.cost import Ledger
 from tests.e2e.stack import spotrain, stack_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]

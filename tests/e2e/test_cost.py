@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from shared.client import SpotrainClient
-from shared.cost.attribution import exact, seconds
 from shared.events.data import JobStarted, JobSucceeded, NodeLaunched, NodeLost, NodeReleased
 from shared.jobs import JobState
 from shared.messaging import BusSettings
+from shared.policy.cost.attribution import exact, seconds
 from shared.pools import NodeSightings
 from tests.cli import ENTRY as SPOTRAIN
 from tests.e2e.stack import spotrain

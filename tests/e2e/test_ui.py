@@ -20,7 +20,7 @@ import pytest
 from playwright.sync_api import Browser, ConsoleMessage, Page, sync_playwright
 from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 
-from shared.cost import format_usd
+from shared.policy.cost import format_usd
 from tests.browser import CHROMIUM_FLAGS, chromium
 from tests.e2e.stack import spotrain
 

@@ -11,10 +11,10 @@ from services.scaler.handlers import Deps
 from services.scaler.model import Demand, PoolSpec, ScalerConfig, StoppedNode, queueing
 from services.scaler.ports import ObservedNode, ProvidedNode, ProviderBusyError
 from shared.clock import Clock
-from shared.cost.node_ends import NodeEnd
 from shared.events.data import NodeEndSource
 from shared.messaging.memory import InMemoryBus
-from shared.pool_knowledge import PoolsKnowledge
+from shared.policy.cost.node_ends import NodeEnd
+from shared.policy.pool_knowledge import PoolsKnowledge
 from shared.pools import NodeSightings, OwnersSpend, PoolsStatus
 from shared.ray_head import RayHeadUnavailableError
 from tests.fakes.clock import FixedClock

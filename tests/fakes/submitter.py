@@ -21,9 +21,9 @@ from shared.events import new_event
 from shared.events.data import JobPlaced
 from shared.events.types import ObjectRef
 from shared.messaging.memory import InMemoryBus
+from shared.policy.teams import TeamHolds, Teams, TeamsStatus
 from shared.pools import OwnersSpend, PoolsStatus
 from shared.ray_head import RayHeadUnavailableError
-from shared.teams import TeamHolds, Teams, TeamsStatus
 from tests.fakes.clock import FixedClock
 
 

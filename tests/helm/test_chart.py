@@ -31,6 +31,7 @@ from services.scaler.settings import ScalerSettings
 from services.submitter.settings import SubmitterSettings
 from shared.events.types import CapacityClass
 from shared.messaging import BusSettings
+from shared.policy.teams import parse_teams
 from shared.resources import (
     NODE_LABEL,
     POOL_LABEL,
@@ -38,7 +39,6 @@ from shared.resources import (
     capacity_resource,
     pool_resource,
 )
-from shared.teams import parse_teams
 from shared.ui.run import UiSettings
 from tests.fakes.kuberay_server import FakeKubeRay, serve_fake_kuberay
 from tests.fakes.kuberay_validation import ray_cluster_errors

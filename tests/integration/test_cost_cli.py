@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 
 from shared.client import SpotrainClient
-from shared.cost import GroupBy, cost_rows
-from shared.cost.billing_export import ledger_by_node_day
 from shared.events.data import InterruptionCause, JobRequested
 from shared.events.types import Bundle, CapacityClass
 from shared.jobs import Attempt, AttemptState, JobRecord, JobState, jobs_bucket
 from shared.messaging import BusSettings
 from shared.messaging.jetstream import JetStreamBus
+from shared.policy.cost import GroupBy, cost_rows
+from shared.policy.cost.billing_export import ledger_by_node_day
 from shared.pools import SIGHTINGS_KEY, NodeSightings, pools_bucket
 from tests.billing_exports import BilledNode, as_csv, as_json_lines
 from tests.billing_exports import rows as billing_rows

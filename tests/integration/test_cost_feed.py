@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 
 from services.scaler.adapters.cost_feed import StreamCostFeed
-from shared.cost import ledger
 from shared.events import Event, new_event
 from shared.events.data import JobProgress, NodeLaunched
 from shared.messaging.jetstream import JetStreamBus
+from shared.policy.cost import ledger
 from tests.async_helpers import eventually
 from tests.unit.test_cost_ledger import Story
 

@@ -52,10 +52,10 @@ from services.scaler.adapters.gke import (
 from services.scaler.model import PoolSpec
 from services.scaler.ports import ProviderBusyError
 from services.scaler.settings import ScalerSettings
-from shared.cost.node_ends import NodeEnd
-from shared.deadline import SpotAdvice
 from shared.events.data import NodeEndSource
 from shared.events.types import CapacityClass
+from shared.policy.cost.node_ends import NodeEnd
+from shared.policy.deadline import SpotAdvice
 from tests.fakes.clock import FixedClock
 from tests.fakes.compute_server import (
     MAX_PAGE,

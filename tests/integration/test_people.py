@@ -50,7 +50,7 @@ from shared.messaging.jetstream import BusPermissionError, JetStreamBus
 from shared.messaging.settings import ClientBusSettings
 from shared.natsauth import Role, write_nats_config
 from shared.natsauth.files import add_person, person_env, write_env_file
-from shared.teams import Teams, parse_teams
+from shared.policy.teams import Teams, parse_teams
 from shared.workspace import DEFAULT_LIMIT_BYTES, declare_stores
 from tests.async_helpers import eventually
 from tests.events import NOW, job_requested

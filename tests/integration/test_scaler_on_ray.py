@@ -23,7 +23,7 @@ from shared.localstack import stack
 from shared.localstack.settings import LocalStackSettings, isolated_stack
 from shared.messaging import BusSettings
 from shared.messaging.jetstream import JetStreamBus
-from shared.pool_knowledge import PoolsKnowledge
+from shared.policy.pool_knowledge import PoolsKnowledge
 from tests.async_helpers import eventually
 from tests.events import NOW, job_requested
 

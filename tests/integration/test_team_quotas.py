@@ -23,8 +23,8 @@ from shared.events.types import CapacityClass
 from shared.jobs import AttemptState, JobRecord, JobState, jobs_bucket
 from shared.messaging import BusSettings
 from shared.messaging.jetstream import JetStreamBus
+from shared.policy.teams import TeamHolds, teams_bucket
 from shared.pools import OwnersSpend, PoolsStatus, PoolStatus
-from shared.teams import TeamHolds, teams_bucket
 from tests.events import NOW, job_requested
 from tests.fakes.clock import FixedClock
 from tests.fakes.submitter import FakeProgress, FakeRay, FakeWorkspaces, FixedPools, place_queued

@@ -9,8 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.cost.attribution import NodeLife
-from shared.cost.billing_export import (
+from shared.events.types import CapacityClass
+from shared.policy.cost.attribution import NodeLife
+from shared.policy.cost.billing_export import (
     ExportError,
     ExportForm,
     Match,
@@ -19,7 +20,6 @@ from shared.cost.billing_export import (
     read_export,
     reconcile,
 )
-from shared.events.types import CapacityClass
 from tests.billing_exports import BilledNode, as_csv, as_json_lines, rows
 from tests.events import NOW
 

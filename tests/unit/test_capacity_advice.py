@@ -20,9 +20,9 @@ from services.scaler.policy.decision import ADVICE_EVERY_S
 from services.scaler.policy.packing import ADVICE_NODE_HOURS, RISK_PRIOR_NODE_HOURS
 from services.scaler.settings import ScalerSettings
 from services.scaler.simulation.deadline import DeadlineJob, Spotrain, forecast, run_online
-from shared.deadline import SpotAdvice, SpotOutlook, advised
 from shared.events.types import CapacityClass
 from shared.localstack.market import LocalMarket
+from shared.policy.deadline import SpotAdvice, SpotOutlook, advised
 from shared.spot_traces import SpotTrace
 from tests.events import NOW
 from tests.fakes.clock import FixedClock

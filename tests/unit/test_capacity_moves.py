@@ -1,5 +1,5 @@
 """Moves of running deadline jobs between spot and on-demand: the checkpointer's pure
-decision (`policy.move`, on `shared.deadline`), its review and resume through the in-memory
+decision (`policy.move`, on `shared.policy.deadline`), its review and resume through the in-memory
 bus, and how the submitter records a move (not a loss)."""
 
 from __future__ import annotations

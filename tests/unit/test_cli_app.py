@@ -33,7 +33,7 @@ def test_a_listed_command_builds_with_its_panel(listed: ListedCommand) -> None:
     assert len(listed.summary) <= 50, "one line beside the name at 80 columns"
 
 
-HEAVY = ("nats", "shared.client", "shared.events", "shared.cost", "pydantic_settings", "ray")
+HEAVY = ("nats", "shared.client", "shared.events", "shared.policy.cost", "pydantic_settings", "ray")
 
 
 @pytest.mark.parametrize(

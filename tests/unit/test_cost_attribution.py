@@ -10,8 +10,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.cost.attribution import Attribution, Hold, NodeLife, SettledMemo, attribute, exact
 from shared.events.types import CapacityClass
+from shared.policy.cost.attribution import (
+    Attribution,
+    Hold,
+    NodeLife,
+    SettledMemo,
+    attribute,
+    exact,
+)
 from tests.events import NOW
 
 T0 = NOW

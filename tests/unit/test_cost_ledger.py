@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 
-from shared.cost import GroupBy, PoolPrice, cost_rows, job_costs, ledger, load_catalog
 from shared.events import Event, EventData, new_event
 from shared.events.data import (
     InterruptionCause,
@@ -28,6 +27,8 @@ from shared.events.data import (
     ResizeReason,
 )
 from shared.events.types import Bundle, CapacityClass
+from shared.policy.cost import GroupBy, PoolPrice, cost_rows, job_costs, ledger
+from shared.prices import packaged_catalog
 from tests.events import NOW
 
 T0 = NOW
@@ -336,7 +337,7 @@ def test_an_override_reprices_a_pool_and_its_on_demand_baseline() -> None:
 
 
 def test_a_machine_type_takes_both_prices_from_the_catalog() -> None:
-    a100 = load_catalog().machine("a2-highgpu-1g")
+    a100 = packaged_catalog().machine("a2-highgpu-1g")
     rows = figures(GroupBy.POOL, prices={"gpu-spot": PoolPrice(machine=a100)})
     spot = F(700, 3600)
     assert rows["gpu-spot"][0] == spot * F(repr(a100.spot_per_hour_usd))

@@ -8,15 +8,16 @@ from pathlib import Path
 import pytest
 
 from services.scaler.model import PoolSpec
-from shared.cost import PoolPrice, PricingError, load_catalog, load_overrides
-from shared.cost.pricing import CATALOG_FILE, on_demand_counterpart
 from shared.events.types import CapacityClass
+from shared.policy.cost import PoolPrice, PricingError, load_overrides
+from shared.policy.cost.pricing import CATALOG_FILE, on_demand_counterpart
+from shared.prices import packaged_catalog
 
 ROOT = Path(__file__).parents[2]
 
 
 def test_the_catalog_says_when_its_prices_are_from_and_that_nobody_checked_them() -> None:
-    catalog = load_catalog()
+    catalog = packaged_catalog()
     assert catalog.as_of in CATALOG_FILE
     assert catalog.region == "us-central1"
     assert catalog.verified is False
@@ -35,7 +36,7 @@ def test_the_catalog_says_when_its_prices_are_from_and_that_nobody_checked_them(
 def test_the_catalog_holds_the_common_gpu_machine_types(
     machine_type: str, gpus: int, gpu_type: str
 ) -> None:
-    machine = load_catalog().machine(machine_type)
+    machine = packaged_catalog().machine(machine_type)
     assert (machine.gpus, machine.gpu_type) == (gpus, gpu_type)
 
 
@@ -46,7 +47,7 @@ def test_the_local_pools_are_priced_from_the_catalog() -> None:
         p["name"]: p["price_per_hour_usd"]
         for p in tomllib.loads((ROOT / "services/scaler/pools.local.toml").read_text())["pool"]
     }
-    catalog = load_catalog()
+    catalog = packaged_catalog()
     l4, cpu = catalog.machine("g2-standard-8"), catalog.machine("n2-standard-2")
     assert pools == {
         "gpu-spot": l4.spot_per_hour_usd,
@@ -63,7 +64,8 @@ def test_overrides_set_prices_by_hand_or_by_machine_type() -> None:
 
         [pool.gpu-on-demand]
         price_per_hour_usd = 4
-        """
+        """,
+        packaged_catalog(),
     )
     spot, on_demand = overrides["gpu-spot"], overrides["gpu-on-demand"]
     assert spot.price(CapacityClass.SPOT) == 1.1
@@ -88,7 +90,7 @@ def test_overrides_set_prices_by_hand_or_by_machine_type() -> None:
 )
 def test_a_bad_prices_file_is_one_line_that_names_the_problem(text: str, message: str) -> None:
     with pytest.raises(PricingError, match=message.replace("(", r"\(")) as caught:
-        load_overrides(text)
+        load_overrides(text, packaged_catalog())
     assert "\n" not in str(caught.value)
 
 

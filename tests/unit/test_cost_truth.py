@@ -16,8 +16,6 @@ from hypothesis import strategies as st
 from services.scaler.adapters.node_history import BusNodeHistory
 from services.scaler.handlers import Deps, reconcile
 from services.scaler.model import ScalerConfig
-from shared.cost import ledger
-from shared.cost.attribution import exact, seconds
 from shared.events import decode, new_event
 from shared.events.data import (
     NodeEndSource,
@@ -28,6 +26,8 @@ from shared.events.data import (
     ReleaseReason,
 )
 from shared.messaging.memory import InMemoryBus
+from shared.policy.cost import ledger
+from shared.policy.cost.attribution import exact, seconds
 from tests.events import NOW
 from tests.fakes.clock import FixedClock
 from tests.fakes.scaler import FakeCluster, FakeObserver, InMemoryDemandStore, RecordingStatusBoard

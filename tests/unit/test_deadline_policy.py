@@ -23,7 +23,7 @@ from services.scaler.simulation.deadline import (
     run_online,
 )
 from services.scaler.simulation.traces import SpotTrace
-from shared.deadline import (
+from shared.policy.deadline import (
     DeadlineReason,
     DeadlineState,
     Run,
@@ -33,7 +33,7 @@ from shared.deadline import (
     outlook,
     tally,
 )
-from shared.pool_knowledge import PoolRecord
+from shared.policy.pool_knowledge import PoolRecord
 
 LONG_WINDOWS = SpotOutlook(seen_h=100, productive_share=0.6, mean_window_h=5.0)
 SHORT_WINDOWS = SpotOutlook(seen_h=100, productive_share=0.05, mean_window_h=0.25)

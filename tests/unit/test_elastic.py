@@ -1,4 +1,4 @@
-"""Worker ranges and what counts as a Ray Train script (shared.elastic): tables."""
+"""Worker ranges and what counts as a Ray Train script (shared.policy.elastic): tables."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from shared.elastic import WorkerRange, is_ray_train_script, most_workers, parse_workers
 from shared.events.data import JobRequested
 from shared.events.types import Bundle, CapacityClass
+from shared.policy.elastic import WorkerRange, is_ray_train_script, most_workers, parse_workers
 from shared.pools import PoolStatus
 
 

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shared.events.types import CapacityClass
-from shared.fairshare import (
+from shared.policy.fairshare import (
     Admit,
     Ask,
     Holding,
@@ -22,7 +22,7 @@ from shared.fairshare import (
     use_of,
     worst_case_usd,
 )
-from shared.teams import ClassQuota, Teams, TeamSpec
+from shared.policy.teams import ClassQuota, Teams, TeamSpec
 
 SPOT = CapacityClass.SPOT
 MIN_RUNTIME_S = 600.0

@@ -7,14 +7,6 @@ from typing import Any
 
 import pytest
 
-from shared.cost.node_ends import (
-    NodeEnd,
-    OpenNode,
-    best_end,
-    closings,
-    node_history,
-    unaccounted,
-)
 from shared.events import Event, new_event
 from shared.events.data import (
     NodeEndSource,
@@ -25,6 +17,14 @@ from shared.events.data import (
     ReleaseReason,
 )
 from shared.events.types import CapacityClass
+from shared.policy.cost.node_ends import (
+    NodeEnd,
+    OpenNode,
+    best_end,
+    closings,
+    node_history,
+    unaccounted,
+)
 from tests.events import NOW
 
 RECORDED, LAST_SEEN = NodeEndSource.RECORDED, NodeEndSource.LAST_SEEN

@@ -1,4 +1,4 @@
-"""What the platform learns of each pool: the pure record (`shared.pool_knowledge`) and
+"""What the platform learns of each pool: the pure record (`shared.policy.pool_knowledge`) and
 the scaler that keeps it across restarts and weighs pools by it."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from shared.events import Event, new_event
 from shared.events.data import JobQueued
 from shared.events.types import Bundle, CapacityClass
 from shared.messaging.memory import InMemoryBus
-from shared.pool_knowledge import WINDOWS_KEPT, PoolRecord, observe
+from shared.policy.pool_knowledge import WINDOWS_KEPT, PoolRecord, observe
 from tests.events import NOW
 from tests.fakes.clock import FixedClock
 from tests.fakes.scaler import (

@@ -50,7 +50,7 @@ from shared.events.data import (
 )
 from shared.events.types import CapacityClass
 from shared.jobs import JobRecord, JobState
-from shared.teams import TeamHold, TeamHolds, Teams, TeamsStatus, parse_teams
+from shared.policy.teams import TeamHold, TeamHolds, Teams, TeamsStatus, parse_teams
 from shared.workspace import DEFAULT_LIMIT_BYTES
 
 NOW = datetime(2026, 12, 3, 12, 0, tzinfo=UTC)

@@ -23,8 +23,8 @@ from services.scaler.policy.decision import (
     watch_idle,
 )
 from services.scaler.policy.keepalive import IDLE_PERIODS_KEPT, MIN_PERIODS, IdleHistory
-from shared.deadline import SpotAdvice
-from shared.pool_knowledge import observe
+from shared.policy.deadline import SpotAdvice
+from shared.policy.pool_knowledge import observe
 from tests.unit.test_scaler_policy import CONFIG, NOW, POOLS, SPOT, demand, node
 
 LONGEST_S = 300.0

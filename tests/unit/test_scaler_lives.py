@@ -15,11 +15,11 @@ from hypothesis import strategies as st
 from services.scaler.handlers import Deps, on_job_queued, reconcile
 from services.scaler.model import Demand, PoolSpec, ScalerConfig
 from services.scaler.policy.lives import avoided, gone_reason, ledger_name, new_life
-from shared.cost.ledger import fold
 from shared.events import decode, new_event
 from shared.events.data import JobPlaced, JobQueued, NodeLaunched, NodeReleased, ReleaseReason
 from shared.events.types import Bundle, CapacityClass
 from shared.messaging.memory import InMemoryBus
+from shared.policy.cost.ledger import fold
 from tests.events import NOW
 from tests.fakes.clock import FixedClock
 from tests.fakes.scaler import FakeCluster, scaler_deps

@@ -19,8 +19,8 @@ from services.scaler.model import (
     ScalerConfig,
 )
 from services.scaler.policy import node_views, plan, preemption_risk
-from shared.deadline import SpotOutlook
 from shared.events.types import Bundle, CapacityClass
+from shared.policy.deadline import SpotOutlook
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 SPOT = PoolSpec(
@@ -143,7 +143,7 @@ def with_deadline(waited_s: float, hours_left: float, work_h: float) -> Demand:
 def test_an_any_job_with_a_deadline_falls_back_by_the_deadline_policy(
     spot_full: bool, waited_s: float, hours_left: float, work_h: float, on_demand: bool
 ) -> None:
-    """The same `shared.deadline` the simulator runs: not a fixed wait."""
+    """The same `shared.policy.deadline` the simulator runs: not a fixed wait."""
     full = [node(f"s{i}", SPOT, free_gpus=0) for i in range(4)] if spot_full else []
     waiting = with_deadline(waited_s, hours_left, work_h)
     grown = targets(full, [waiting])

@@ -31,7 +31,6 @@ from services.submitter.model import RayJobState
 from services.submitter.policy import eta_s
 from shared.checkpoints import ProgressReport
 from shared.cli.job_actions import _show_progress, eta_text
-from shared.cost import CostFold, CostInputs, JobInfo, Ledger, attribute, ledger
 from shared.events import Event, new_event
 from shared.events.data import (
     InterruptionCause,
@@ -45,6 +44,7 @@ from shared.events.data import (
 )
 from shared.events.types import CapacityClass
 from shared.jobs import Attempt
+from shared.policy.cost import CostFold, CostInputs, JobInfo, Ledger, attribute, ledger
 from shared.runtime.metrics import GaugeSpec, Snapshot
 from tests.events import NOW, job_requested
 from tests.fakes.clock import FixedClock

@@ -10,11 +10,11 @@ from fractions import Fraction
 import pytest
 
 from shared.cli.job_actions import _cost_line, describe, failure_line, node_rows
-from shared.cost import CostRow, format_usd
-from shared.cost.attribution import NodeLife
 from shared.events.data import JobRequested
 from shared.events.types import Bundle, CapacityClass
 from shared.jobs import Attempt, AttemptState, JobRecord, JobState
+from shared.policy.cost import CostRow, format_usd
+from shared.policy.cost.attribution import NodeLife
 from shared.pools import PoolsStatus, QueuedAttempt
 
 NOW = datetime(2026, 12, 4, 15, 34, tzinfo=UTC)

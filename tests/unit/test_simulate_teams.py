@@ -20,8 +20,8 @@ from services.scaler.simulation.teams import (
 )
 from services.scaler.simulation.traces import TraceJob
 from shared.events.types import CapacityClass
-from shared.fairshare import Wait
-from shared.teams import ClassQuota, Teams, TeamSpec
+from shared.policy.fairshare import Wait
+from shared.policy.teams import ClassQuota, Teams, TeamSpec
 
 KNOBS = Knobs(checkpoint_interval_s=1800, step_s=2, checkpoint_write_s=5, min_runtime_s=600)
 TWO = Teams(

@@ -15,11 +15,11 @@ from shared.events.data import EventData, JobFailed, JobRequested, JobStarted
 from shared.events.types import CapacityClass
 from shared.jobs import JobRecord, JobState
 from shared.messaging import RetryLater, Unhandleable
+from shared.policy.teams import parse_teams
 from shared.pools import PoolsStatus
 from shared.slack.handlers import Deps, SlashCommand, answer, carry_out, on_job_event
 from shared.slack.model import ExperimentCost, JobCost, Origin, Project
 from shared.slack.ports import ChatRefusedError, ChatUnavailableError, PlatformUnavailableError
-from shared.teams import parse_teams
 from tests.fakes.clock import FixedClock
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)

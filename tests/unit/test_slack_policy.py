@@ -27,6 +27,7 @@ from shared.events.data import (
 )
 from shared.events.types import CapacityClass
 from shared.jobs import JobRecord, JobState
+from shared.policy.teams import parse_teams
 from shared.slack import replies
 from shared.slack.commands import Submit
 from shared.slack.model import JobCost, Origin, Project
@@ -44,7 +45,6 @@ from shared.slack.policy import (
     owner_of,
     plan_submission,
 )
-from shared.teams import parse_teams
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 ALICE, BOB = "UALICE001", "UBOB00001"

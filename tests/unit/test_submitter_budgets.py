@@ -16,8 +16,8 @@ from shared.events import decode
 from shared.events.data import RejectionReason
 from shared.events.types import CapacityClass
 from shared.messaging.memory import InMemoryBus
+from shared.policy.teams import parse_teams
 from shared.pools import OwnersSpend, PoolsStatus, PoolStatus
-from shared.teams import parse_teams
 from tests.events import NOW, job_requested
 from tests.fakes.clock import FixedClock
 from tests.fakes.submitter import (

@@ -13,7 +13,7 @@ from services.submitter.adapters.secret_files import SecretFiles
 from services.submitter.handlers import Deps, on_job_requested
 from shared.events.data import JobRequested, RejectionReason
 from shared.messaging.memory import InMemoryBus
-from shared.teams import parse_teams
+from shared.policy.teams import parse_teams
 from tests.events import job_requested
 from tests.fakes.submitter import (
     FakeRay,

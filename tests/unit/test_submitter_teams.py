@@ -31,7 +31,7 @@ from shared.events.types import CapacityClass
 from shared.jobs import JobRecord
 from shared.messaging import Unhandleable
 from shared.messaging.memory import InMemoryBus
-from shared.teams import TeamHold, TeamHolds, parse_teams
+from shared.policy.teams import TeamHold, TeamHolds, parse_teams
 from tests.events import NOW, job_requested
 from tests.fakes.clock import FixedClock
 from tests.fakes.submitter import (

@@ -8,14 +8,14 @@ import pytest
 
 from services.submitter.adapters.teams_file import TeamsFile
 from shared.events.types import CapacityClass
-from shared.teams import (
+from shared.policy.teams import (
     ClassQuota,
     Teams,
     TeamsError,
-    load_teams,
     membership_refusal,
     parse_teams,
 )
+from shared.teams_file import load_teams
 
 GOOD = """
 [teams.vision]

@@ -11,10 +11,10 @@ import pytest
 from rich.console import Console
 
 from shared.cli.top import NO_SCALER, TopSnapshot, main_metric, render, shown_jobs
-from shared.cost import GroupBy, cost_rows, job_costs, ledger
 from shared.events.data import JobRequested
 from shared.events.types import Bundle, CapacityClass
 from shared.jobs import Attempt, AttemptState, JobRecord, JobState
+from shared.policy.cost import GroupBy, cost_rows, job_costs, ledger
 from shared.pools import PoolsStatus, PoolStatus
 from tests.cli import no_bus, spotrain
 from tests.unit.test_cost_ledger import NOW_S, Story

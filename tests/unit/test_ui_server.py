@@ -22,8 +22,8 @@ from shared.events.data import (
 )
 from shared.events.types import CapacityClass
 from shared.jobs import AttemptState, JobRecord, JobState
+from shared.policy.teams import TeamHolds, Teams, TeamsStatus
 from shared.pools import NodeSightings, PoolsStatus
-from shared.teams import TeamHolds, Teams, TeamsStatus
 from shared.ui.board import Board
 from shared.ui.server import Page, Viewing, app
 from tests.fakes.clock import FixedClock

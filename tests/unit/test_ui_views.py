@@ -12,9 +12,6 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shared.cost import CostRow, Ledger, format_usd
-from shared.cost.attribution import Attribution, Charge, Hold, NodeLife
-from shared.cost.ledger import CostInputs
 from shared.events import Event, EventData, new_event
 from shared.events.data import (
     InterruptionCause,
@@ -28,6 +25,9 @@ from shared.events.data import (
 )
 from shared.events.types import Bundle, CapacityClass
 from shared.jobs import Attempt, AttemptState, JobRecord, JobState
+from shared.policy.cost import CostRow, Ledger, format_usd
+from shared.policy.cost.attribution import Attribution, Charge, Hold, NodeLife
+from shared.policy.cost.ledger import CostInputs
 from shared.pools import PoolsStatus, QueuedAttempt
 from shared.ui import views
 from shared.ui.board import Board, spend_points

@@ -21,8 +21,8 @@ from shared.jobs import jobs_bucket, refusals_bucket
 from shared.logs import configure_logging
 from shared.messaging import BusSettings
 from shared.messaging.jetstream import BusSettingsError, JetStreamBus
+from shared.policy.teams import teams_bucket
 from shared.pools import pools_bucket
-from shared.teams import teams_bucket
 from shared.workspace import declare_stores, uploads_bucket, workspaces_bucket
 
 log = structlog.get_logger()

@@ -10,9 +10,9 @@ from typing import Any
 
 import structlog
 
-from shared.cost import COST_EVENTS
 from shared.events import Event, aggregate_subject, decode, subject_for, subject_matches
 from shared.messaging import EventBus
+from shared.policy.cost import COST_EVENTS
 
 log = structlog.get_logger()
 

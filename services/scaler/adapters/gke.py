@@ -46,11 +46,11 @@ from google.cloud.container_v1 import ClusterManagerClient, NodePool, Operation
 from services.scaler.model import PoolSpec, StoppedNode
 from services.scaler.ports import ProvidedNode, ProviderBusyError
 from shared.clock import Clock
-from shared.cost.node_ends import NodeEnd
-from shared.deadline import SpotAdvice
 from shared.events.data import NodeEndSource
 from shared.events.types import CapacityClass
 from shared.gcp import client_kwargs
+from shared.policy.cost.node_ends import NodeEnd
+from shared.policy.deadline import SpotAdvice
 
 NODE_POOL_LABEL = "cloud.google.com/gke-nodepool"
 """The label GKE puts on every Kubernetes node with the name of its node pool."""

@@ -25,7 +25,7 @@ from services.scaler.payloads.kuberay import (
     worker_selector,
 )
 from services.scaler.ports import ProvidedNode
-from shared.cost.node_ends import NodeEnd
+from shared.policy.cost.node_ends import NodeEnd
 
 GROUP = "ray.io"
 VERSION = "v1"

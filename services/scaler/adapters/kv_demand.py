@@ -7,7 +7,7 @@ from typing import Self
 
 from services.scaler.model import Demand, queueing
 from shared.messaging.ports import Buckets, KeyValue
-from shared.pool_knowledge import KNOWLEDGE_KEY, PoolsKnowledge
+from shared.policy.pool_knowledge import KNOWLEDGE_KEY, PoolsKnowledge
 from shared.pools import (
     SIGHTINGS_KEY,
     SPEND_KEY,

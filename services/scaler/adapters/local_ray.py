@@ -14,8 +14,6 @@ import structlog
 
 from services.scaler.model import PoolSpec, StoppedNode
 from services.scaler.ports import ProvidedNode
-from shared.cost.node_ends import NodeEnd
-from shared.deadline import SpotAdvice
 from shared.localstack.confinement import Confinement
 from shared.localstack.market import LocalMarket, room_to_grow, to_preempt
 from shared.localstack.nodes import LocalNode, NodeFolder, take_back
@@ -29,6 +27,8 @@ from shared.localstack.ray_nodes import (
     share_head_logs,
     start_worker,
 )
+from shared.policy.cost.node_ends import NodeEnd
+from shared.policy.deadline import SpotAdvice
 from shared.resources import (
     NODE_LABEL,
     POOL_LABEL,

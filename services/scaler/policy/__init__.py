@@ -2,7 +2,7 @@
 
 - `packing`: pool sizes from pending demand, free room and the budget, and which queued
   attempt takes which room on which node (`placement_order`, the platform's order); a deadline job's
-  choice between spot, on-demand and waiting is `shared.deadline`'s, the one policy the
+  choice between spot, on-demand and waiting is `shared.policy.deadline`'s, the one policy the
   scaler (queued jobs), the checkpointer (running jobs) and the simulator share.
 """
 

@@ -30,10 +30,10 @@ from services.scaler.model import (
 from services.scaler.policy import elastic, lives
 from services.scaler.policy.keepalive import IdleHistory
 from services.scaler.policy.packing import plan, preemption_risk, summarize
-from shared import deadline
-from shared.deadline import SpotAdvice, SpotOutlook
 from shared.events.types import CapacityClass, Frozen
-from shared.pool_knowledge import PoolRecord, observe
+from shared.policy import deadline
+from shared.policy.deadline import SpotAdvice, SpotOutlook
+from shared.policy.pool_knowledge import PoolRecord, observe
 from shared.pools import PoolsStatus
 
 ADVICE_EVERY_S = 300.0

@@ -27,9 +27,9 @@ from services.scaler.model import (
     ScalerConfig,
 )
 from services.scaler.policy.elastic import is_queued_attempt
-from shared.deadline import RESERVE_SHARE, Run, SpotAdvice, SpotOutlook, queued_decision
 from shared.events.types import Bundle, CapacityClass
-from shared.pool_knowledge import PoolRecord
+from shared.policy.deadline import RESERVE_SHARE, Run, SpotAdvice, SpotOutlook, queued_decision
+from shared.policy.pool_knowledge import PoolRecord
 from shared.pools import MAX_QUEUE_SHOWN, PoolsStatus, PoolStatus, QueuedAttempt
 
 _EPSILON = 1e-9
@@ -397,7 +397,7 @@ class _Packing:
 
 def placement_order(demands: Iterable[Demand], now: datetime) -> list[Demand]:
     """The platform's order, in which waiting attempts take room (and growth is bought):
-    deadline jobs behind their reserve first (`shared.deadline`: their slack, the time they
+    deadline jobs behind their reserve first (`shared.policy.deadline`: their slack, the time they
     could still wait, is below a share of their work left), then higher priority, then the
     longest queued, then by id. Pure.
 

@@ -21,9 +21,9 @@ from services.scaler.simulation.cluster import (
     SimJob,
     SimNode,
 )
-from shared import deadline
-from shared.deadline import DeadlineState, Run
 from shared.events.types import CapacityClass
+from shared.policy import deadline
+from shared.policy.deadline import DeadlineState, Run
 
 
 def idle_expired(state: ClusterState, idle_timeout_s: float) -> list[SimNode]:
@@ -73,7 +73,7 @@ def _price_ratio(pools: Sequence[PoolSpec]) -> float:
 
 
 def deadline_rule(job: SimJob, state: ClusterState, spot_available: bool) -> Run:
-    """The platform's deadline policy (`shared.deadline.decide`) for a queued job."""
+    """The platform's deadline policy (`shared.policy.deadline.decide`) for a queued job."""
     overhead_h = state.restart_overhead_s / 3600
     assert job.deadline_s is not None
     decision = deadline.decide(

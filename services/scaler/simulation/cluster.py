@@ -9,8 +9,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
 from services.scaler.model import Demand, NodeView, PoolSpec, ScalerConfig
-from shared.deadline import SpotAdvice
 from shared.events.types import Bundle, CapacityClass
+from shared.policy.deadline import SpotAdvice
 
 EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
 """Simulated second 0; the policy takes aware datetimes."""

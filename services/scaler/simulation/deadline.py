@@ -34,10 +34,10 @@ import numpy as np
 from pydantic import ValidationError
 
 from services.scaler.simulation.traces import SpotTrace, read_spot_trace
-from shared import deadline
 from shared.client import PlatformError, SpotrainClient
-from shared.deadline import DeadlineState, Run, SpotAdvice, WindowTally
-from shared.pool_knowledge import PoolRecord, PoolsKnowledge
+from shared.policy import deadline
+from shared.policy.deadline import DeadlineState, Run, SpotAdvice, WindowTally
+from shared.policy.pool_knowledge import PoolRecord, PoolsKnowledge
 
 POLICIES = ("spotrain", "uniform-progress", "greedy", "on-demand", "optimal")
 FORECAST = "spotrain-forecast"
@@ -126,7 +126,7 @@ class _Watcher:
 
 
 class Spotrain(_Watcher):
-    """The platform's deadline policy (`shared.deadline`), as the live
+    """The platform's deadline policy (`shared.policy.deadline`), as the live
     platform calls it."""
 
     name = "spotrain"

@@ -43,8 +43,8 @@ from services.scaler.simulation.cluster import (
 )
 from services.scaler.simulation.market import SpotMarket, markets
 from services.scaler.simulation.traces import SpotTrace, TraceJob, read_trace, with_deadlines
-from shared.deadline import SpotAdvice
 from shared.events.types import CapacityClass
+from shared.policy.deadline import SpotAdvice
 
 POLICIES = ("spotrain", "naive", "static", "ray", "uniform-progress")
 FORECAST = "spotrain-forecast"

@@ -1,5 +1,5 @@
 """`spotrain simulate teams`: a GPU job trace shared by teams under the platform's own fair
-share (shared.fairshare), with borrowing, reclaim and priority preemption, either
+share (shared.policy.fairshare), with borrowing, reclaim and priority preemption, either
 checkpoint-first (the victim is asked for a checkpoint and stops once it is written) or
 kill-and-restart (the victim loses what it did since its last periodic checkpoint), or no
 preemption of running work at all. Per team: GPU-hours against the guarantee, borrowed
@@ -26,8 +26,8 @@ from pathlib import Path
 
 from services.scaler.simulation.traces import TraceJob, read_trace
 from shared.events.types import CapacityClass
-from shared.fairshare import Ask, Holding, Never, Preempt, Wait, place, use_of
-from shared.teams import ClassQuota, Teams, TeamSpec
+from shared.policy.fairshare import Ask, Holding, Never, Preempt, Wait, place, use_of
+from shared.policy.teams import ClassQuota, Teams, TeamSpec
 
 SPOT = CapacityClass.SPOT
 HIGH_PRIORITY = 8

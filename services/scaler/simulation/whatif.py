@@ -1,7 +1,7 @@
 """What if the pools had been different: the demand recorded over a window (each job's
 queued bundles, when it was queued, how long its attempts ran) replayed through the trace
 simulator (`simulate.simulate`, our policy) on another pools file, against what really
-happened: the nodes billed in the window (`shared.cost`) and the queued → started waits.
+happened: the nodes billed in the window (`shared.policy.cost`) and the queued → started waits.
 
     python -m services.scaler.simulation.whatif --events window.jsonl --pools FILE \\
         --since ISO --until ISO [--json]
@@ -26,7 +26,6 @@ from typing import Any
 from services.scaler.model import PoolSpec, ScalerConfig
 from services.scaler.simulation.replay import Result, load_pools, simulate, split_bundles
 from services.scaler.simulation.traces import TraceJob
-from shared.cost import ledger
 from shared.events import Event
 from shared.events.data import (
     JobCancelled,
@@ -38,6 +37,7 @@ from shared.events.data import (
     NodeLaunched,
 )
 from shared.events.types import CapacityClass
+from shared.policy.cost import ledger
 from shared.replay import parse_lines
 
 AttemptKey = tuple[str, int]

@@ -26,7 +26,6 @@ from services.submitter.ports import (
     RequestAllowances,
     TeamsSource,
 )
-from shared.cost import COST_EVENTS
 from shared.desk import (
     ANSWER_LIMIT_BYTES,
     DESK,
@@ -57,11 +56,12 @@ from shared.messaging import EventBus
 from shared.messaging.dead_letters import DETAIL, MSG_ID, ORIGINAL_SUBJECT, REASON, SERVICE
 from shared.messaging.kv_store import InMemoryKeyValue
 from shared.messaging.ports import Asked, StoredMessage
-from shared.pool_knowledge import KNOWLEDGE_KEY
+from shared.policy.cost import COST_EVENTS
+from shared.policy.pool_knowledge import KNOWLEDGE_KEY
+from shared.policy.teams import STATUS_KEY as TEAMS_STATUS_KEY
+from shared.policy.teams import Teams, TeamsStatus, teams_bucket
 from shared.pools import SIGHTINGS_KEY, STATUS_KEY, pools_bucket
 from shared.ray_head import RayHeadUnavailableError
-from shared.teams import STATUS_KEY as TEAMS_STATUS_KEY
-from shared.teams import Teams, TeamsStatus, teams_bucket
 
 log = structlog.get_logger()
 

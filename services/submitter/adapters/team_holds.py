@@ -6,7 +6,7 @@ from typing import Self
 
 from services.submitter.ports import Revision, StaleRevisionError
 from shared.messaging.ports import Buckets, KeyValue
-from shared.teams import HOLDS_KEY, STATUS_KEY, TeamHolds, TeamsStatus
+from shared.policy.teams import HOLDS_KEY, STATUS_KEY, TeamHolds, TeamsStatus
 
 
 class KvTeamHolds:

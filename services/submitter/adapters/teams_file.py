@@ -7,7 +7,8 @@ from pathlib import Path
 
 import structlog
 
-from shared.teams import Teams, TeamsError, load_teams
+from shared.policy.teams import Teams, TeamsError
+from shared.teams_file import load_teams
 
 log = structlog.get_logger()
 

@@ -22,7 +22,7 @@ from shared.events.data import (
 )
 from shared.events.types import Frozen
 from shared.jobs import deadline_refusal
-from shared.teams import TeamSpec
+from shared.policy.teams import TeamSpec
 from shared.workspace import workspace_object_name
 
 

@@ -16,7 +16,7 @@ from shared.events.data import (
 )
 
 GIVE_WAY = frozenset({InterruptionCause.RECLAIMED, InterruptionCause.PRIORITY})
-"""Why the platform stops a job, checkpoint first, for other work (`shared.fairshare`)."""
+"""Why the platform stops a job, checkpoint first, for other work (`shared.policy.fairshare`)."""
 
 
 _WHY_GIVE_WAY = {

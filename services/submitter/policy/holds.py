@@ -25,7 +25,7 @@ from shared.events.data import (
     RejectionReason,
 )
 from shared.events.types import CapacityClass
-from shared.fairshare import (
+from shared.policy.fairshare import (
     Ask,
     Holding,
     Never,
@@ -36,7 +36,7 @@ from shared.fairshare import (
     place,
     worst_case_usd,
 )
-from shared.teams import TeamHold, TeamHolds, Teams, TeamSpec, TeamsStatus, quota_class
+from shared.policy.teams import TeamHold, TeamHolds, Teams, TeamSpec, TeamsStatus, quota_class
 
 
 def admit_in_team(  # the decision's inputs, each named

@@ -34,7 +34,7 @@ from enum import StrEnum
 from fractions import Fraction
 from typing import Any
 
-from shared.cost.attribution import ZERO, NodeLife, attribute
+from shared.policy.cost.attribution import ZERO, NodeLife, attribute
 
 NODE_LABEL = "spotrain-node"
 POOL_LABEL = "spotrain-pool"

@@ -3,8 +3,8 @@ node, or to idle capacity; priced from the pools' configuration, a dated list-pr
 and per-pool overrides. Pure: the client reads the events and passes the time.
 """
 
-from shared.cost.attribution import Attribution, Bill, Charge, Hold, NodeLife, attribute
-from shared.cost.ledger import (
+from shared.policy.cost.attribution import Attribution, Bill, Charge, Hold, NodeLife, attribute
+from shared.policy.cost.ledger import (
     COST_EVENTS,
     CostFold,
     CostInputs,
@@ -16,7 +16,7 @@ from shared.cost.ledger import (
     month_start,
     spend_by_owner,
 )
-from shared.cost.pricing import (
+from shared.policy.cost.pricing import (
     PoolPrice,
     PriceCatalog,
     PricingError,
@@ -24,7 +24,7 @@ from shared.cost.pricing import (
     load_overrides,
     on_demand_counterpart,
 )
-from shared.cost.report import CostRow, GroupBy, cost_rows, format_usd, job_costs, total
+from shared.policy.cost.report import CostRow, GroupBy, cost_rows, format_usd, job_costs, total
 
 __all__ = [
     "COST_EVENTS",

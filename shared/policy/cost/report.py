@@ -14,8 +14,8 @@ from enum import StrEnum
 from fractions import Fraction
 from typing import Any
 
-from shared.cost.attribution import ZERO, Charge
-from shared.cost.ledger import Ledger
+from shared.policy.cost.attribution import ZERO, Charge
+from shared.policy.cost.ledger import Ledger
 
 
 class GroupBy(StrEnum):

@@ -10,14 +10,25 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from typing import Annotated, Self
+from typing import Annotated, Protocol, Self
 
 from pydantic import Field, model_validator
 
 from shared.events.types import Bundle, CapacityClass, Frozen
-from shared.pools import PoolStatus
 
 MAX_WORKERS = 256
+
+
+class PoolReach(Protocol):
+    """What the size check needs of a pool (the scaler's `PoolStatus` is one)."""
+
+    @property
+    def capacity(self) -> CapacityClass: ...
+    @property
+    def gpus_per_node(self) -> int | None: ...
+    @property
+    def max_nodes(self) -> int: ...
+
 
 _RANGE = re.compile(r"^\s*(\d+)\s*(?:\.\.\s*(\d+)\s*)?$")
 _RAY_TRAIN = re.compile(
@@ -75,9 +86,7 @@ def is_ray_train_script(source: str) -> bool:
     return _RAY_TRAIN.search(source) is not None
 
 
-def most_workers(
-    worker: Bundle, capacity: CapacityClass, pools: Sequence[PoolStatus]
-) -> int | None:
+def most_workers(worker: Bundle, capacity: CapacityClass, pools: Sequence[PoolReach]) -> int | None:
     """How many workers of this shape all the pools of the capacity could hold together,
     each grown to its `max_nodes`: a gang of more can never run. None when the pools'
     status cannot tell (a worker without GPUs, whose fit depends on CPUs the status does

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from shared.events.types import CapacityClass
-from shared.teams import Teams, TeamSpec, quota_class
+from shared.policy.teams import Teams, TeamSpec, quota_class
 
 
 class PreemptionCause(StrEnum):

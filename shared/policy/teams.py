@@ -13,14 +13,14 @@ under it, and by the simulator. One team per person; quotas per capacity class:
     borrow_gpus = 4
 
 A bad file is refused whole, with one line naming the first fault: a service keeps the
-last valid teams it had (services/submitter/adapters/teams_file.py).
+last valid teams it had (services/submitter/adapters/teams_file.py). Pure: `shared.teams_file`
+reads the file.
 """
 
 from __future__ import annotations
 
 import tomllib
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Annotated, Self
 
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -130,14 +130,6 @@ def parse_teams(text: str, *, source: str = "teams file") -> Teams:
         return Teams(teams=teams)
     except ValidationError as error:
         raise TeamsError(f"{source}: {_first_fault(error)}") from None
-
-
-def load_teams(path: Path) -> Teams:
-    try:
-        text = path.read_text()
-    except OSError as error:
-        raise TeamsError(f"{path}: cannot read it: {error.strerror or error}") from None
-    return parse_teams(text, source=str(path))
 
 
 def _first_fault(error: ValidationError) -> str:

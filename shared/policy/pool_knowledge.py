@@ -14,8 +14,8 @@ from datetime import datetime
 
 from pydantic import AwareDatetime, Field
 
-from shared import deadline
 from shared.events.types import Frozen
+from shared.policy import deadline
 
 KNOWLEDGE_KEY = "knowledge"
 WINDOWS_KEPT = 100

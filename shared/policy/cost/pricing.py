@@ -9,7 +9,6 @@ from __future__ import annotations
 import tomllib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from importlib import resources
 from typing import Annotated, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -121,10 +120,8 @@ class _OverridesFile(_Strict):
     pool: dict[str, _PoolEntry] = Field(default_factory=dict)
 
 
-def load_catalog(text: str | None = None) -> PriceCatalog:
-    """The catalog in `text`, or the packaged one."""
-    if text is None:
-        text = resources.files("shared.cost").joinpath(CATALOG_FILE).read_text()
+def load_catalog(text: str) -> PriceCatalog:
+    """The catalog in `text` (`shared.prices.packaged_catalog` reads the one packaged)."""
     parsed = _parse(_CatalogFile, text, "price catalog")
     return PriceCatalog(
         as_of=parsed.as_of,
@@ -138,15 +135,16 @@ def load_catalog(text: str | None = None) -> PriceCatalog:
     )
 
 
-def load_overrides(text: str, catalog: PriceCatalog | None = None) -> dict[str, PoolPrice]:
+def load_overrides(text: str, catalog: PriceCatalog) -> dict[str, PoolPrice]:
     """Per-pool prices from a TOML text of `[pool.NAME]` tables, each with
-    `price_per_hour_usd`, `on_demand_price_per_hour_usd` and/or `machine_type`."""
+    `price_per_hour_usd`, `on_demand_price_per_hour_usd` and/or `machine_type` (looked up
+    in `catalog`)."""
     parsed = _parse(_OverridesFile, text, "prices file")
     overrides = {}
     for pool, entry in parsed.pool.items():
         machine = None
         if entry.machine_type is not None:
-            machine = (catalog or load_catalog()).machine(entry.machine_type)
+            machine = catalog.machine(entry.machine_type)
         overrides[pool] = PoolPrice(
             price_per_hour_usd=entry.price_per_hour_usd,
             on_demand_price_per_hour_usd=entry.on_demand_price_per_hour_usd,

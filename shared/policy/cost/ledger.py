@@ -33,8 +33,6 @@ from datetime import UTC, datetime
 from fractions import Fraction
 from typing import Any
 
-from shared.cost.attribution import ZERO, Attribution, Hold, NodeLife, SettledMemo, attribute
-from shared.cost.pricing import PoolPrice
 from shared.events import Event, EventData
 from shared.events.data import (
     JobAccepted,
@@ -52,6 +50,8 @@ from shared.events.data import (
     NodeReleased,
 )
 from shared.events.types import Bundle, CapacityClass
+from shared.policy.cost.attribution import ZERO, Attribution, Hold, NodeLife, SettledMemo, attribute
+from shared.policy.cost.pricing import PoolPrice
 
 COST_EVENTS: tuple[type[EventData], ...] = (
     JobRequested,
