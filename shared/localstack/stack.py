@@ -20,6 +20,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -31,7 +32,7 @@ from shared.leases import leases_bucket, read_record
 from shared.localstack import prometheus, redis
 from shared.localstack.confinement import confinement_for
 from shared.localstack.market import MARKET_FILE, market_config
-from shared.localstack.nodes import NodeFolder
+from shared.localstack.nodes import LocalNode, NodeFolder
 from shared.localstack.processes import (
     ProcessRecord,
     is_running,
@@ -412,23 +413,14 @@ def _check_redis(settings: LocalStackSettings) -> None:
 
 def down(settings: LocalStackSettings, progress: Progress = lambda _: None) -> list[str]:
     """Stop every component `up` started, services first, then the pool nodes the scaler
-    started, then Ray's head, and NATS last."""
-    stopped = []
-    for component in reversed(components(settings)):
-        if component.name == "ray-head":
-            stopped += _stop_nodes(settings, progress)
-        path = _pid_file(settings, component.name)
-        record = ProcessRecord.load(path)
-        if record is None:
-            continue
-        if is_running(record):
-            progress(f"stopping {component.name}")
-            stop_session(record.pid, grace_s=component.stop_grace_s)
-            stopped.append(component.name)
-        else:
-            # Its leader is gone, but what it spawned may still run in its session.
-            stop_session(record.pid, grace_s=1)
-        path.unlink(missing_ok=True)
+    started, then Ray's head, and NATS last. The parts of one tier (the services, the UI
+    and Prometheus; the nodes) need nothing of each other to stop: they stop together."""
+    parts = list(reversed(components(settings)))
+    head = next((i for i, part in enumerate(parts) if part.name == "ray-head"), len(parts))
+    stopped = [name for name in _together(parts[:head], settings, progress) if name]
+    if head < len(parts):
+        stopped += _stop_nodes(settings, progress)
+    stopped += [name for part in parts[head:] if (name := _stop(part, settings, progress))]
     (settings.run_dir / MARKET_FILE).unlink(missing_ok=True)
     # The next `up` starts another cluster: its state under another name in Redis.
     (settings.run_dir / redis.NAMESPACE_FILE).unlink(missing_ok=True)
@@ -437,6 +429,33 @@ def down(settings: LocalStackSettings, progress: Progress = lambda _: None) -> l
         # included); a secure stack keeps none of it once it is down.
         shutil.rmtree(settings.ray_temp_dir, ignore_errors=True)
     return stopped
+
+
+def _stop(component: Component, settings: LocalStackSettings, progress: Progress) -> str:
+    """Stop one component; its name if it was running, else ''."""
+    path = _pid_file(settings, component.name)
+    record = ProcessRecord.load(path)
+    if record is None:
+        return ""
+    name = ""
+    if is_running(record):
+        progress(f"stopping {component.name}")
+        stop_session(record.pid, grace_s=component.stop_grace_s)
+        name = component.name
+    else:
+        # Its leader is gone, but what it spawned may still run in its session.
+        stop_session(record.pid, grace_s=1)
+    path.unlink(missing_ok=True)
+    return name
+
+
+def _together(
+    parts: Sequence[Component], settings: LocalStackSettings, progress: Progress
+) -> list[str]:
+    if not parts:
+        return []
+    with ThreadPoolExecutor(max_workers=len(parts)) as pool:
+        return list(pool.map(lambda part: _stop(part, settings, progress), parts))
 
 
 def _stop_nodes(settings: LocalStackSettings, progress: Progress) -> list[str]:
@@ -451,17 +470,23 @@ def _stop_nodes(settings: LocalStackSettings, progress: Progress) -> list[str]:
         BusUnavailableError,
     )
 
-    stopped = []
     folder = NodeFolder(settings.node_dir)
-    for node in folder.nodes():
+
+    def stop_node(node: LocalNode) -> str:
+        name = ""
         if is_running(node.record):
             progress(f"stopping node {node.name}")
             folder.stop(node, grace_s=2)
-            stopped.append(node.name)
+            name = node.name
         else:
             # Dead before: its keeper's record (or last stamp) says when; end what is left.
             stop_session(node.record.pid, grace_s=0)
         shutil.rmtree(node_temp_dir(settings.node_dir, node.name), ignore_errors=True)
+        return name
+
+    nodes = folder.nodes()
+    with ThreadPoolExecutor(max_workers=max(1, len(nodes))) as pool:
+        stopped = [name for name in pool.map(stop_node, nodes) if name]
     try:
         closed = asyncio.run(close_open_nodes(_bus_as_scaler(settings), folder, stopped=stopped))
     except (BusUnavailableError, BusAuthenticationError, BusPermissionError, OSError) as error:
