@@ -22,6 +22,7 @@ missed. Within that rule, cost decides:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from enum import StrEnum
 from typing import Annotated
@@ -73,6 +74,13 @@ class SpotOutlook(Frozen):
     pool has been, for people and for choosing between pools."""
     mean_window_h: Annotated[float, Field(ge=0)]
     """How long the pool stayed available once it was, on average."""
+    windows_h: tuple[float, ...] = ()
+    """The lengths of the latest windows that closed (`WINDOWS_KEPT`), shortest first: how
+    long the longest of them lasted, which a mean hides."""
+    windows_per_h: Annotated[float, Field(ge=0)] = 1 / 2.0
+    """How many windows opened per hour watched (one per `PRIOR_MEAN_WINDOW_H` before any)."""
+    window_age_h: Annotated[float, Field(ge=0)] = 0.0
+    """How long the window open now has lasted; 0 while the pool has none."""
 
 
 PRIOR_PRODUCTIVE_SHARE = 0.4
@@ -81,6 +89,10 @@ PRIOR_PRODUCTIVE_SHARE = 0.4
 PRIOR_MEAN_WINDOW_H = 2.0
 PRIOR_WEIGHT_H = 12.0
 """The prior counts as this many hours of watching: a day of a pool outweighs it."""
+
+
+WINDOWS_KEPT = 100
+"""The latest windows whose lengths are kept: a market's recent weeks, not its life."""
 
 
 class WindowTally(Frozen):
@@ -93,11 +105,15 @@ class WindowTally(Frozen):
     """What a job holding each from its start would have progressed: each length less one
     restart, never below zero."""
 
+    lengths_h: tuple[float, ...] = ()
+    """The latest `WINDOWS_KEPT` of them, oldest first."""
+
     def add(self, window_h: float, restart_overhead_h: float) -> WindowTally:
         return WindowTally(
             windows=self.windows + 1,
             window_h=self.window_h + window_h,
             productive_h=self.productive_h + max(0.0, window_h - restart_overhead_h),
+            lengths_h=(*self.lengths_h, window_h)[-WINDOWS_KEPT:],
         )
 
 
@@ -115,10 +131,12 @@ def outlook(
     restart_overhead_h: float,
     *,
     open_window_h: float = 0.0,
+    window_age_h: float | None = None,
 ) -> SpotOutlook:
     """The outlook from the windows of availability that ended while the pool was watched
     for `watched_h` hours, and the one still open (`open_window_h` so far, counted as far
-    as it went), blended with a prior while little has been seen."""
+    as it went), blended with a prior while little has been seen. The open window's age is
+    `open_window_h` unless said (`window_age_h`: as of the last decision, say)."""
     windows = seen.windows + (open_window_h > 0)
     window_h = seen.window_h + open_window_h
     productive_h = seen.productive_h + max(0.0, open_window_h - restart_overhead_h)
@@ -127,7 +145,12 @@ def outlook(
     # The prior's window counts as one window seen.
     mean = (window_h + PRIOR_MEAN_WINDOW_H) / (windows + 1)
     return SpotOutlook.model_construct(
-        seen_h=total_h, productive_share=min(1.0, share), mean_window_h=mean
+        seen_h=total_h,
+        productive_share=min(1.0, share),
+        mean_window_h=mean,
+        windows_h=tuple(sorted(seen.lengths_h)),
+        windows_per_h=(seen.windows + 1) / (max(watched_h, 0.0) + PRIOR_MEAN_WINDOW_H),
+        window_age_h=max(0.0, open_window_h if window_age_h is None else window_age_h),
     )
 
 
@@ -214,7 +237,8 @@ def decide(state: DeadlineState) -> DeadlineDecision:
             # unless the work ends first); the window saves (1 - ratio) per hour.
             gain = (1 - ratio) * min(window_h, state.work_left_h)
             trips = 2 if window_h < state.work_left_h and behind else 1
-            if gain > trips * restart:
+            lasted = not behind or state.outlook.window_age_h + _EPSILON >= _spot_gate_h(state)
+            if gain > trips * restart and lasted:
                 return _decision(state, Run.SPOT, DeadlineReason.BACK_TO_SPOT)
             return _decision(state, Run.ON_DEMAND, DeadlineReason.SPOT_TOO_SHORT)
         # From idle, a window pays for its own restart if it outlasts restart / (1 - ratio);
@@ -245,6 +269,37 @@ def _behind(state: DeadlineState, margin_h: float = 0.0) -> bool:
     it must make progress now, on on-demand if spot is away."""
     slack = state.hours_left - state.work_left_h - state.restart_overhead_h
     return slack < RESERVE_SHARE * state.work_left_h + margin_h
+
+
+GATE_FLOOR_RESTARTS = 2.0
+"""Slack a job behind its reserve keeps for the end, in restarts, before it counts what is
+left for round trips to spot."""
+
+
+def _spot_gate_h(state: DeadlineState) -> float:
+    """How long spot's open window must have lasted before a job behind its reserve leaves
+    on-demand for it. Its slack pays for so many more round trips (two restarts each, past
+    a floor of `GATE_FLOOR_RESTARTS`); of the windows still to come before the deadline
+    (at the rate seen), it can afford only that share, so it takes only windows that last
+    as long as the longest such share of those seen did. A window's age says how long it
+    will last (one that has lasted an hour lasts hours more, on every shared trace), which
+    a mean does not: without the gate, every short window that came back was taken, and
+    round trips burnt the slack that the long windows then needed (the worst cases of
+    `bench/deadline.py`, 2.6x the optimum)."""
+    restart = state.restart_overhead_h
+    lengths = state.outlook.windows_h
+    if restart <= _EPSILON or not lengths:
+        return 0.0
+    slack = state.hours_left - state.work_left_h - restart
+    affordable = (slack - GATE_FLOOR_RESTARTS * restart) / (2 * restart)
+    if affordable <= 0:
+        return math.inf
+    coming = state.outlook.windows_per_h * max(state.hours_left, 0.0)
+    share = affordable / coming if coming > _EPSILON else 1.0
+    if share >= 1:
+        return 0.0
+    index = min(max(int(len(lengths) * (1 - share)), 0), len(lengths) - 1)
+    return lengths[index]
 
 
 def _on_demand_time(state: DeadlineState) -> float:

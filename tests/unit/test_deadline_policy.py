@@ -124,6 +124,67 @@ def test_decides(changes: dict[str, object], run: Run, reason: DeadlineReason) -
     assert (decision.run, decision.reason) == (run, reason)
 
 
+MOSTLY_SHORT = SpotOutlook(
+    seen_h=112,
+    productive_share=0.3,
+    mean_window_h=1.0,
+    windows_h=tuple(sorted((0.1,) * 18 + (6.0, 8.0))),
+    windows_per_h=2.0,
+)
+"""Windows come twice an hour; of the last twenty, most went within minutes, two lasted
+hours."""
+
+
+@pytest.mark.parametrize(
+    ("hours_left", "age_h", "run", "reason"),
+    [
+        pytest.param(
+            11.4, 0.05, Run.ON_DEMAND, DeadlineReason.SPOT_TOO_SHORT,
+            id="behind-a-young-window-is-likely-one-of-the-short-ones",
+        ),
+        pytest.param(
+            11.4, 6.0, Run.SPOT, DeadlineReason.BACK_TO_SPOT,
+            id="behind-a-window-as-old-as-the-long-ones-is-one",
+        ),
+        pytest.param(
+            11.0, 6.0, Run.ON_DEMAND, DeadlineReason.SPOT_TOO_SHORT,
+            id="slack-for-one-round-trip-only-a-window-older-than-all-but-one",
+        ),
+        pytest.param(
+            40.0, 0.0, Run.SPOT, DeadlineReason.BACK_TO_SPOT,
+            id="not-behind-the-gate-does-not-apply",
+        ),
+    ],
+)  # fmt: skip
+def test_behind_its_reserve_a_job_leaves_on_demand_only_for_a_window_that_has_lasted(
+    hours_left: float, age_h: float, run: Run, reason: DeadlineReason
+) -> None:
+    """Its slack pays for a few round trips; the windows to come before the deadline are
+    many: it spends them on the windows that have already lasted as long as the few long
+    ones seen did."""
+    decided = decide(
+        state(
+            hours_left=hours_left,
+            work_left_h=10.0,
+            running=Run.ON_DEMAND,
+            spot_available=True,
+            outlook=MOSTLY_SHORT.model_copy(update={"window_age_h": age_h}),
+        )
+    )
+    assert (decided.run, decided.reason) == (run, reason)
+
+
+def test_the_outlook_keeps_the_latest_window_lengths_and_the_rate_they_came_at() -> None:
+    seen = tally([0.5] * 150 + [3.0], restart_overhead_h=0.2)
+    found = outlook(seen, 300.0, 0.2, open_window_h=0.4, window_age_h=0.3)
+    assert len(found.windows_h) == 100
+    assert found.windows_h == tuple(sorted(found.windows_h))
+    assert found.windows_h[-1] == 3.0
+    assert found.windows_per_h == pytest.approx(152 / 302)
+    assert found.window_age_h == 0.3
+    assert outlook(seen, 300.0, 0.2, open_window_h=0.4).window_age_h == 0.4
+
+
 def test_outlook_blends_the_prior_with_what_was_seen() -> None:
     """A pool never watched reads as the prior; a week of watching outweighs it."""
     assert outlook(WindowTally(), 0.0, 0.2).productive_share == pytest.approx(0.4)

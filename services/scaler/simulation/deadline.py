@@ -154,7 +154,14 @@ class Spotrain(_Watcher):
             spot_price_ratio=self.job.spot_price_ratio,
             outlook=deadline.advised(
                 deadline.outlook(
-                    self.seen, self.watched_h, self.job.overhead_h, open_window_h=self.open_h
+                    self.seen,
+                    self.watched_h,
+                    self.job.overhead_h,
+                    open_window_h=self.open_h,
+                    # As of the last decision: this tick's sighting is in `open_h` already.
+                    window_age_h=max(0.0, self.open_h - view.tick_h)
+                    if view.spot_available
+                    else 0.0,
                 ),
                 view.advice,
             ),
