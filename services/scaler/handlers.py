@@ -258,10 +258,10 @@ async def reconcile(deps: Deps) -> ScalePlan:
     )
     if not deps.leading():
         # Decided by a replica that no longer leads (it stalled meanwhile): the leader's
-        # own pass acts instead, and reports what is blocked.
+        # own pass acts instead, and reports what is blocked (nothing is said here, so
+        # nothing is remembered as said).
         log.warning("scaler.pass_dropped", why="no longer leads")
-        kept = {"reported_blocks": deps.memory.reported_blocks}
-        deps.memory = reply.memory.model_copy(update=kept)
+        deps.memory = reply.memory
         return reply.plan
     deps.memory = reply.memory
     await _hand_over(deps, demands, reply.plan)
@@ -475,6 +475,7 @@ async def _report_blocked(deps: Deps, blocked: Sequence[Blocked]) -> None:
             reason=block.reason.value,
             detail=block.detail,
         )
+        deps.memory = decision.reported(deps.memory, [block])
 
 
 async def _read_advice(deps: Deps, now: datetime) -> None:

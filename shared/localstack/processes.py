@@ -184,7 +184,7 @@ def stop_session(session_id: int, *, grace_s: float) -> None:
 def _reap(leader: int) -> None:
     child = _children.get(leader)
     if child is not None and child.poll() is not None:
-        del _children[leader]
+        _children.pop(leader, None)  # `down` reaps sessions from several threads
 
 
 def port_in_use(host: str, port: int) -> bool:

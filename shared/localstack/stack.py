@@ -449,12 +449,16 @@ def _stop(component: Component, settings: LocalStackSettings, progress: Progress
     return name
 
 
+STOPPING_AT_ONCE = 8
+"""The most parts `down` stops at once."""
+
+
 def _together(
     parts: Sequence[Component], settings: LocalStackSettings, progress: Progress
 ) -> list[str]:
     if not parts:
         return []
-    with ThreadPoolExecutor(max_workers=len(parts)) as pool:
+    with ThreadPoolExecutor(max_workers=min(len(parts), STOPPING_AT_ONCE)) as pool:
         return list(pool.map(lambda part: _stop(part, settings, progress), parts))
 
 
@@ -485,7 +489,8 @@ def _stop_nodes(settings: LocalStackSettings, progress: Progress) -> list[str]:
         return name
 
     nodes = folder.nodes()
-    with ThreadPoolExecutor(max_workers=max(1, len(nodes))) as pool:
+    # A few at a time: each stop polls its session, and CI has two cores.
+    with ThreadPoolExecutor(max_workers=max(1, min(len(nodes), STOPPING_AT_ONCE))) as pool:
         stopped = [name for name in pool.map(stop_node, nodes) if name]
     try:
         closed = asyncio.run(close_open_nodes(_bus_as_scaler(settings), folder, stopped=stopped))

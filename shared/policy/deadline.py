@@ -79,8 +79,10 @@ class SpotOutlook(Frozen):
     long the longest of them lasted, which a mean hides."""
     windows_per_h: Annotated[float, Field(ge=0)] = 1 / 2.0
     """How many windows opened per hour watched (one per `PRIOR_MEAN_WINDOW_H` before any)."""
-    window_age_h: Annotated[float, Field(ge=0)] = 0.0
-    """How long the window open now has lasted; 0 while the pool has none."""
+    window_age_h: Annotated[float, Field(ge=0)] | None = None
+    """How long the window open now has lasted (0 while the pool has none); None when not
+    known (the live scaler knows it only while it holds a node of the pool): no window is
+    then judged by its age."""
 
 
 PRIOR_PRODUCTIVE_SHARE = 0.4
@@ -132,11 +134,13 @@ def outlook(
     *,
     open_window_h: float = 0.0,
     window_age_h: float | None = None,
+    windows_seen: int | None = None,
 ) -> SpotOutlook:
     """The outlook from the windows of availability that ended while the pool was watched
     for `watched_h` hours, and the one still open (`open_window_h` so far, counted as far
-    as it went), blended with a prior while little has been seen. The open window's age is
-    `open_window_h` unless said (`window_age_h`: as of the last decision, say)."""
+    as it went), blended with a prior while little has been seen. `window_age_h`: how long
+    the window open now has lasted, if known. `windows_seen`: how many windows closed in
+    all, where `seen` holds only the latest."""
     windows = seen.windows + (open_window_h > 0)
     window_h = seen.window_h + open_window_h
     productive_h = seen.productive_h + max(0.0, open_window_h - restart_overhead_h)
@@ -149,8 +153,9 @@ def outlook(
         productive_share=min(1.0, share),
         mean_window_h=mean,
         windows_h=tuple(sorted(seen.lengths_h)),
-        windows_per_h=(seen.windows + 1) / (max(watched_h, 0.0) + PRIOR_MEAN_WINDOW_H),
-        window_age_h=max(0.0, open_window_h if window_age_h is None else window_age_h),
+        windows_per_h=(max(seen.windows, windows_seen or 0) + 1)
+        / (max(watched_h, 0.0) + PRIOR_MEAN_WINDOW_H),
+        window_age_h=None if window_age_h is None else max(0.0, window_age_h),
     )
 
 
@@ -237,7 +242,8 @@ def decide(state: DeadlineState) -> DeadlineDecision:
             # unless the work ends first); the window saves (1 - ratio) per hour.
             gain = (1 - ratio) * min(window_h, state.work_left_h)
             trips = 2 if window_h < state.work_left_h and behind else 1
-            lasted = not behind or state.outlook.window_age_h + _EPSILON >= _spot_gate_h(state)
+            age_h = state.outlook.window_age_h
+            lasted = not behind or age_h is None or age_h + _EPSILON >= _spot_gate_h(state)
             if gain > trips * restart and lasted:
                 return _decision(state, Run.SPOT, DeadlineReason.BACK_TO_SPOT)
             return _decision(state, Run.ON_DEMAND, DeadlineReason.SPOT_TOO_SHORT)

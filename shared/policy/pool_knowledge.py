@@ -39,6 +39,9 @@ class PoolRecord(Frozen):
     after a stock-out or a loss, to the next one."""
     available_since: AwareDatetime | None = None
     """When the open window began; None while the pool is out of capacity."""
+    windows_closed: int = Field(0, ge=0)
+    """Every window that closed, counted (`windows_h` keeps only the latest): how often
+    windows come."""
 
     @property
     def watched_h(self) -> float:
@@ -55,6 +58,9 @@ class PoolRecord(Frozen):
             self.watched_h,
             restart_overhead_h,
             open_window_h=open_h,
+            # Its age is known only while a node is held (None: not seen, so not judged).
+            window_age_h=open_h if self.available_since is not None else None,
+            windows_seen=max(self.windows_closed, len(self.windows_h)),
         )
 
 
@@ -82,10 +88,12 @@ def observe(  # what one pass saw of one pool
     elapsed_s = min(max(0.0, (now - record.seen_until).total_seconds()), max_gap_s)
     elapsed_h = elapsed_s / 3600
     windows = record.windows_h
+    closed = record.windows_closed
     available_since = record.available_since
     if (taken_back or stocked_out) and available_since is not None:
         closed_h = max(0.0, (now - available_since).total_seconds() / 3600)
         windows = (*windows, closed_h)[-WINDOWS_KEPT:]
+        closed = max(closed, len(record.windows_h)) + 1
         available_since = None
     if available_since is None and nodes > 0 and not stocked_out:
         available_since = now
@@ -96,6 +104,7 @@ def observe(  # what one pass saw of one pool
             "taken_back": record.taken_back + taken_back,
             "stock_outs": record.stock_outs + int(stocked_out),
             "windows_h": windows,
+            "windows_closed": closed,
             "available_since": available_since,
         }
     )

@@ -7,6 +7,7 @@ scalers hand out too."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -14,9 +15,11 @@ from tests.e2e.stack import spotrain, stack_env
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The end-to-end tests on the shared stack after the others (a stable sort: each
-    module's tests stay together and in order)."""
-    ours = [i for i, item in enumerate(items) if item.nodeid.startswith("tests/e2e/")]
+    """The end-to-end tests on the shared stack after the others (a stable sort: tests keep
+    their order; a module with both kinds is split, so none may hold a module-scoped
+    fixture across them)."""
+    here = Path(__file__).parent
+    ours = [i for i, item in enumerate(items) if item.path.is_relative_to(here)]
     if not ours:
         return
     moved = sorted((items[i] for i in ours), key=_on_shared_stack)

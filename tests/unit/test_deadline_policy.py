@@ -154,10 +154,14 @@ hours."""
             40.0, 0.0, Run.SPOT, DeadlineReason.BACK_TO_SPOT,
             id="not-behind-the-gate-does-not-apply",
         ),
+        pytest.param(
+            11.4, None, Run.SPOT, DeadlineReason.BACK_TO_SPOT,
+            id="an-age-not-known-is-not-judged",
+        ),
     ],
 )  # fmt: skip
 def test_behind_its_reserve_a_job_leaves_on_demand_only_for_a_window_that_has_lasted(
-    hours_left: float, age_h: float, run: Run, reason: DeadlineReason
+    hours_left: float, age_h: float | None, run: Run, reason: DeadlineReason
 ) -> None:
     """Its slack pays for a few round trips; the windows to come before the deadline are
     many: it spends them on the windows that have already lasted as long as the few long
@@ -182,7 +186,9 @@ def test_the_outlook_keeps_the_latest_window_lengths_and_the_rate_they_came_at()
     assert found.windows_h[-1] == 3.0
     assert found.windows_per_h == pytest.approx(152 / 302)
     assert found.window_age_h == 0.3
-    assert outlook(seen, 300.0, 0.2, open_window_h=0.4).window_age_h == 0.4
+    assert outlook(seen, 300.0, 0.2, open_window_h=0.4).window_age_h is None, "not known"
+    counted = outlook(seen, 300.0, 0.2, windows_seen=1000)
+    assert counted.windows_per_h == pytest.approx(1001 / 302), "the count, not the kept"
 
 
 def test_outlook_blends_the_prior_with_what_was_seen() -> None:

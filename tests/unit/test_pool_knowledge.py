@@ -59,6 +59,18 @@ def test_only_the_latest_windows_are_kept() -> None:
     record = observe(record, "p", now=NOW + timedelta(hours=2), nodes=0, taken_back=1)
     assert len(record.windows_h) == WINDOWS_KEPT
     assert record.windows_h[-1] == 2
+    assert record.windows_closed == WINDOWS_KEPT + 1, "every window counted, not only the kept"
+    assert record.outlook(0.1, NOW + timedelta(hours=2)).windows_per_h == pytest.approx(
+        (WINDOWS_KEPT + 2) / (2 + 2)
+    )
+
+
+def test_a_windows_age_is_known_only_while_a_node_is_held() -> None:
+    held = PoolRecord(
+        pool="p", watched_since=NOW, seen_until=NOW, available_since=NOW - timedelta(hours=1)
+    )
+    assert held.outlook(0.1, NOW).window_age_h == pytest.approx(1.0)
+    assert held.model_copy(update={"available_since": None}).outlook(0.1, NOW).window_age_h is None
 
 
 def test_the_outlook_follows_the_windows_seen_once_the_pool_has_been_watched_long() -> None:

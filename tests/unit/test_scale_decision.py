@@ -37,11 +37,11 @@ def blocked(job: str, reason: BlockedReason = BlockedReason.OVER_BUDGET) -> Bloc
 @pytest.mark.parametrize(
     ("blocks", "reported", "pending", "said", "kept"),
     [
-        pytest.param(["a"], set(), ["a"], ["a"], {"a"}, id="new-is-said"),
+        pytest.param(["a"], set(), ["a"], ["a"], set(), id="new-is-said-and-remembered-once-said"),
         pytest.param(["a"], {"a"}, ["a"], [], {"a"}, id="said-once"),
         pytest.param([], {"a"}, ["a"], [], {"a"}, id="unblocked-still-remembered"),
         pytest.param([], {"a"}, [], [], set(), id="gone-is-forgotten"),
-        pytest.param(["a", "b"], {"a"}, ["a", "b"], ["b"], {"a", "b"}, id="only-the-new-one"),
+        pytest.param(["a", "b"], {"a"}, ["a", "b"], ["b"], {"a"}, id="only-the-new-one"),
     ],
 )
 def test_each_blocked_demand_is_said_once_while_it_is_pending(
@@ -53,6 +53,14 @@ def test_each_blocked_demand_is_said_once_while_it_is_pending(
     )
     assert [b.job_id for b in to_report] == said
     assert {key[0] for key in remembered} == kept
+
+
+def test_what_was_said_is_remembered() -> None:
+    said = [blocked("a"), blocked("a")]
+    memory = decision.reported(ScalerMemory(), said)
+    assert memory.reported_blocks == {("a", 1, BlockedReason.OVER_BUDGET.value)}
+    to_report, _ = new_blocks(said, memory.reported_blocks, [demand("a")])
+    assert to_report == ()
 
 
 def test_settling_is_not_news() -> None:
@@ -132,6 +140,25 @@ def test_a_pass_reads_idle_periods_from_the_nodes(
     assert ("s1" in idle_nodes) is (idle_s > 0)
 
 
+@pytest.mark.parametrize(
+    "going",
+    [
+        pytest.param({"draining": True}, id="draining-under-a-notice"),
+        pytest.param({"ready": False}, id="out-of-ray-while-still-listed"),
+    ],
+)
+def test_a_node_going_while_idle_is_no_work_coming_back(going: dict[str, object]) -> None:
+    went = NOW - timedelta(seconds=40)
+    memory = ScalerMemory(
+        idle={"gpu-spot": IdleHistory(open_since=(went,))}, idle_nodes={"s1": went}
+    )
+    node = idle_node("s1", 0.0).model_copy(update=going)
+    idle, idle_nodes = watch_idle(memory, POOLS, [node], NOW, LONGEST_S)
+    assert idle["gpu-spot"].periods == ()
+    assert idle["gpu-spot"].open_since == (went,)
+    assert idle_nodes == {}
+
+
 def test_a_node_gone_while_idle_leaves_its_period_open_for_the_next_work() -> None:
     went = NOW - timedelta(seconds=50)
     memory = ScalerMemory(
@@ -175,7 +202,7 @@ def test_the_reply_carries_the_plan_status_served_and_what_to_report() -> None:
     assert reply.plan.in_room == ("a",)
     assert reply.memory.in_room == {"a"}
     assert [b.job_id for b in reply.to_report] == ["big"]
-    assert reply.memory.reported_blocks == {("big", 1, reply.to_report[0].reason.value)}
+    assert reply.memory.reported_blocks == frozenset(), "remembered once said, not before"
     assert reply.status.blocked_jobs == 1
     assert reply.served == (), "a queued attempt's demand stays until it starts"
 

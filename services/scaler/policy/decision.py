@@ -92,7 +92,8 @@ class ScaleReply(Frozen):
     served: tuple[str, ...]
     """Demands done with: running attempts whose room the nodes have now (`elastic.served`)."""
     to_report: tuple[Blocked, ...]
-    """Blocked demand not reported before (a moment's settling is not news)."""
+    """Blocked demand not reported before (a moment's settling is not news): once said,
+    `reported` remembers it."""
     memory: ScalerMemory
 
 
@@ -134,7 +135,7 @@ def decide(request: ScaleRequest) -> ScaleReply:
         knowledge=memory.knowledge,
         advice=memory.advice,
     )
-    to_report, reported = new_blocks(decided.blocked, memory.reported_blocks, request.demands)
+    to_report, said = new_blocks(decided.blocked, memory.reported_blocks, request.demands)
     return ScaleReply(
         plan=decided,
         status=status,
@@ -143,7 +144,7 @@ def decide(request: ScaleRequest) -> ScaleReply:
         memory=memory.model_copy(
             update={
                 "in_room": frozenset(decided.in_room),
-                "reported_blocks": reported,
+                "reported_blocks": said,
                 "idle": idle,
                 "idle_nodes": idle_nodes,
             }
@@ -174,17 +175,27 @@ def new_blocks(
     blocked: Sequence[Blocked], reported: frozenset[BlockKey], demands: Sequence[Demand]
 ) -> tuple[tuple[Blocked, ...], frozenset[BlockKey]]:
     """The blocked demand to report now (once per attempt and reason; settling is a
-    moment's wait, not news), and what has been reported of the demands still pending."""
+    moment's wait, not news), and what has been reported of the demands still pending.
+    What is reported now is remembered once it has been said (`reported`): a pass that
+    fails before saying it says it next time."""
     pending = {demand.job_id for demand in demands}
-    kept = {key for key in reported if key[0] in pending}
-    fresh = []
+    kept = frozenset(key for key in reported if key[0] in pending)
+    fresh: dict[BlockKey, Blocked] = {}
     for block in blocked:
-        key = (block.job_id, block.attempt, block.reason.value)
-        if block.reason is BlockedReason.SETTLING or key in kept:
-            continue
-        kept.add(key)
-        fresh.append(block)
-    return tuple(fresh), frozenset(kept)
+        key = _key(block)
+        if block.reason is not BlockedReason.SETTLING and key not in kept:
+            fresh.setdefault(key, block)
+    return tuple(fresh.values()), kept
+
+
+def reported(memory: ScalerMemory, said: Iterable[Blocked]) -> ScalerMemory:
+    """The memory once these blocked demands were said."""
+    keys = memory.reported_blocks | {_key(block) for block in said}
+    return memory.model_copy(update={"reported_blocks": keys})
+
+
+def _key(block: Blocked) -> BlockKey:
+    return (block.job_id, block.attempt, block.reason.value)
 
 
 def risk(pools: Sequence[PoolSpec], memory: ScalerMemory) -> dict[str, float]:
@@ -279,8 +290,9 @@ def watch_idle(
     """The idle periods after this pass's sighting, and the nodes idle now with the start
     of their period. A node seen idle that was not opens a period; one seen idle before
     and busy now (or idle again since a later start) is work coming back, which ends the
-    pool's oldest open period. A node gone while idle leaves its period open: work that
-    comes for the pool later ends it, as if the node had been kept."""
+    pool's oldest open period. A node gone while idle, or going (draining under a notice,
+    out of Ray while still listed), leaves its period open: work that comes for the pool
+    later ends it, as if the node had been kept; its going is no work coming for it."""
     known = {pool.name for pool in pools}
     idle = dict(memory.idle)
     seen = idle_since(nodes, now)
@@ -288,6 +300,8 @@ def watch_idle(
     for node in nodes:
         if node.pool not in known:
             continue
+        if node.draining or not node.ready:
+            continue  # going, or not in Ray: as if gone (its period, if any, stays open)
         before = memory.idle_nodes.get(node.name)
         since = seen.get(node.name)
         history = idle.get(node.pool, IdleHistory())

@@ -8,7 +8,8 @@ one trace, as its authors published it or as computed from its released data:
 - **Philly** (Jeon et al., "Analysis of Large-Scale Multi-Tenant GPU Clusters for DNN
   Training Workloads", USENIX ATC 2019; trace CC BY 4.0): computed from
   `../shared/traces/philly.csv` (111,549 jobs): GPUs 1/2/4/8/>8 = 86.65/2.26/4.92/5.12/
-  1.04%; durations lognormal, mu 7.09, sigma 2.51 (ln s; median 1,321 s).
+  1.04%; durations fitted lognormal, mu 7.09, sigma 2.51 (ln s; the fit's median is
+  1,200 s, the data's 1,321 s).
 - **Alibaba PAI** (Weng et al., "MLaaS in the Wild: Workload Analysis and Scheduling in
   Large-Scale Heterogeneous GPU Clusters", NSDI 2022; `alibaba/clusterdata`
   cluster-trace-gpu-v2020, CC BY 4.0): read off the analysis notebook's figures (per task):
@@ -17,9 +18,10 @@ one trace, as its authors published it or as computed from its released data:
 - **SenseTime Helios** (Hu et al., "Characterization and Prediction of Deep Learning
   Workloads in Large-Scale GPU Datacenters", SC 2021, doi 10.1145/3458817.3476223;
   HeliosData CC BY 4.0): GPUs 1/2/4/8/>8 = 72.2/2.5/5.8/14.2/5.3% (the four clusters'
-  CDFs, weighted by jobs); durations lognormal, mu 5.45, sigma 2.64 (median 201 s, the
-  paper says 206); the Venus cluster's submissions by hour of day and day of week, and
-  their burstiness (variance over mean 15 per 10 min), computed from its 10-minute counts.
+  CDFs, weighted by jobs); durations fitted lognormal, mu 5.45, sigma 2.64 (the fit's
+  median is 233 s; the figures' 201 s, the paper's 206 s); the Venus cluster's
+  submissions by hour of day and day of week, and their burstiness (variance over mean 15
+  per 10 min), computed from its 10-minute counts.
 
 The numbers read off figures are estimates (checked against Philly's own data on the same
 plot: quantiles within 12%); what matters here is the shape, not the third digit.
