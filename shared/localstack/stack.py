@@ -198,8 +198,9 @@ def components(settings: LocalStackSettings) -> list[Component]:
         health_url=f"{s.dashboard_url}/api/version",
         health_headers=ray_auth_headers(s),
         endpoint=s.dashboard_url,
-        # gcs_server ignores SIGTERM for seconds; the session is killed after this.
-        stop_grace_s=3,
+        # gcs_server ignores SIGTERM for seconds, and a head's state is either gone with it
+        # or kept in Redis (--ray-ft): its session is killed after a second.
+        stop_grace_s=1,
     )
     services = []
     for replica in range(1, s.replica_count + 1):
