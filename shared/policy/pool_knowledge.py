@@ -18,8 +18,8 @@ from shared.events.types import Frozen
 from shared.policy import deadline
 
 KNOWLEDGE_KEY = "knowledge"
-WINDOWS_KEPT = 100
-"""The latest availability windows kept per pool: a market's recent weeks, not its life."""
+WINDOWS_KEPT = deadline.WINDOWS_KEPT
+"""The latest availability windows kept per pool: the deadline policy's window lengths."""
 
 
 class PoolRecord(Frozen):

@@ -24,6 +24,7 @@ from typing import Any
 from pydantic import TypeAdapter
 
 from services.scaler.model import PoolSpec, ScalerConfig
+from services.scaler.policy.keepalive import IDLE_PERIODS_KEPT
 from services.scaler.simulation.baselines import (
     Naive,
     RayAutoscaler,
@@ -240,8 +241,6 @@ def _replayable(trace: Sequence[TraceJob], pools: Sequence[PoolSpec]) -> tuple[l
 _DONE, _READY = 0, 1
 _IDLE, _SETTLE, _FALLBACK, _DEADLINE = 0, 1, 2, 3
 MAX_GPUS_PER_NODE = 16
-IDLE_PERIODS_KEPT = 1000
-"""Per pool, how many recent idle periods the keep-alive policy learns from."""
 
 
 class Simulation:
