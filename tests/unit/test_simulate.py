@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
 
 from services.scaler.model import PoolSpec, ScalerConfig
 from services.scaler.simulation.cluster import ClusterState, Decision
-from services.scaler.simulation.replay import Simulation, load_pools, main, simulate, split_bundles
+from services.scaler.simulation.replay import (
+    Simulation,
+    load_pools,
+    main,
+    make_policy,
+    simulate,
+    split_bundles,
+)
 from services.scaler.simulation.traces import TraceJob, read_trace
 from shared.events.types import CapacityClass
 
@@ -56,6 +64,8 @@ class _Staggered:
     name = "staggered"
     watches_queue = True
     told_advice = False
+    places_jobs = False
+    interval_s = 10.0
 
     def __init__(self) -> None:
         self.launched = 0
@@ -93,12 +103,26 @@ def test_a_job_queued_after_a_launch_grows_the_pool_at_the_next_decision() -> No
     """The policy sees each node's age afresh at every tick, as the live scaler does: the
     first node (launched at 0 s, still settling when the second job queues at 5 s) holds
     back only demand queued before it was launched, so the second job's node is launched at
-    the next decision (10 s), not when the settle time is over (20 s) nor when the first
-    node is ready (60 s)."""
+    the next decision (on the 10 s grid asked for here), not when the settle time is over
+    (20 s) nor when the first node is ready (60 s)."""
     trace = [TraceJob("a", 0.0, 2, 3600.0), TraceJob("b", 5.0, 2, 3600.0)]
-    result = simulate(trace, "spotrain", [pool()], CONFIG)
+    result = simulate(trace, "spotrain", [pool()], CONFIG, interval_s=10.0)
     assert result.nodes_launched == 2
     assert result.wait_max_s == 10.0 + 60.0 - 5.0
+
+
+def test_each_policy_decides_as_often_as_it_does_live() -> None:
+    """A job that needs a node waits for the next decision, then the boot (60 s): spotrain's
+    scaler decides every pass (`pass_interval_s`), Ray's autoscaler every 5 s, the naive
+    one at the cluster autoscaler's 10 s scan; one grid for all when asked."""
+    trace = [TraceJob("a", 1.0, 2, 3600.0)]
+    fast = CONFIG.model_copy(update={"pass_interval_s": 3.0})
+    waits = {
+        name: simulate(trace, name, [pool()], fast).wait_max_s - 60.0 + 1.0
+        for name in ("spotrain", "ray", "naive")
+    }
+    assert waits == {"spotrain": 3.0, "ray": 5.0, "naive": 10.0}
+    assert simulate(trace, "spotrain", [pool()], fast, interval_s=10.0).wait_max_s == 69.0
 
 
 def test_preempted_spot_node_requeues_its_job() -> None:
@@ -184,3 +208,19 @@ def test_json_output_has_one_object_per_policy(
         "saving_vs_on_demand",
     ):
         assert key in objects[0]
+
+
+def test_spotrains_jobs_start_where_its_plan_placed_them() -> None:
+    """The 8-GPU node the plan launched for the 8-GPU job is up before the 1-GPU node: the
+    1-GPU job queued first does not take it (as Ray's placement would, leaving the big job
+    to wait another boot); each job starts on the node launched for it, at the first
+    decision after that node is up."""
+    pools = [pool("one", gpus=1, boot_time_s=120.0), pool("eight", gpus=8, price=8.0)]
+    trace = [TraceJob("small", 0.0, 1, 3600.0), TraceJob("big", 1.0, 8, 3600.0)]
+    sim = Simulation(trace, make_policy("spotrain", trace, pools, CONFIG), pools, CONFIG)
+    sim.run()
+    assert sim.result(0.0).nodes_launched == 2
+    small, big = sim.jobs
+    every_s = CONFIG.pass_interval_s
+    assert big.started_s == math.ceil((1.0 + 60.0) / every_s) * every_s
+    assert small.started_s == math.ceil(120.0 / every_s) * every_s

@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
-from services.scaler.model import Demand, NodeView, PoolSpec, Room
+from services.scaler.model import Demand, NodeView, PoolSpec, Room, ScalerConfig
 from services.scaler.policy import plan, preemption_risk
 from services.scaler.policy.keepalive import best_idle_timeout_s
 from services.scaler.simulation.cluster import (
@@ -126,12 +126,16 @@ def deadline_wakes(job: SimJob, now_s: float, overhead_s: float) -> list[float]:
     Uniform Progress's line overtaking it."""
     assert job.deadline_s is not None
     remaining = job.remaining_s
-    wakes = [
+    edges = [
         job.deadline_s - remaining * (1 + deadline.RESERVE_SHARE) - overhead_s,
         job.deadline_s - remaining - 2 * overhead_s,
         job.arrival_s + job.saved_s / job.duration_s * (job.deadline_s - job.arrival_s),
     ]
-    return [w for w in wakes if w > now_s]
+    # Just past each edge: on it, the job may still wait, and nothing would wake it again.
+    return [edge + _PAST_EDGE_S for edge in edges if edge + _PAST_EDGE_S > now_s]
+
+
+_PAST_EDGE_S = 1.0
 
 
 class Spotrain:
@@ -142,14 +146,22 @@ class Spotrain:
     free spot room); the others are `any` jobs."""
 
     watches_queue = True
+    places_jobs = True
 
     def __init__(
-        self, rule: JobRule = deadline_rule, name: str = "spotrain", *, told_advice: bool = False
+        self,
+        rule: JobRule = deadline_rule,
+        name: str = "spotrain",
+        *,
+        told_advice: bool = False,
+        interval_s: float = ScalerConfig().pass_interval_s,
     ) -> None:
         self.name = name
         self.rule = rule
         self.told_advice = told_advice
         """Whether the replay tells it the markets' forecast (`ClusterState.advice`)."""
+        self.interval_s = interval_s
+        """The live scaler's pass interval (`ScalerConfig.pass_interval_s`)."""
         self._rooms: dict[tuple[str, int], Room] = {}
         """Free room by pool and free GPUs: a node's free room follows from those two."""
         self._timeouts: dict[str, float] = {}
@@ -191,8 +203,18 @@ class Spotrain:
             remaining[name_to_pool[name]] -= 1
         launch = {p.pool: p.target - remaining[p.pool] for p in decided.pools}
         launch = {pool: count for pool, count in launch.items() if count > 0}
+        index = {job.job_id: job for job in state.pending}
+        placements = {
+            job.index: placement.nodes
+            for placement in decided.placements
+            if (job := index.get(placement.job_id)) is not None and job.attempt == placement.attempt
+        }
         return Decision(
-            launch=launch, release=decided.release, capacity=capacity, idle_timeouts=idle_timeouts
+            launch=launch,
+            release=decided.release,
+            capacity=capacity,
+            idle_timeouts=idle_timeouts,
+            placements=placements,
         )
 
     def _idle_timeouts(self, state: ClusterState) -> dict[str, float]:
@@ -277,6 +299,11 @@ def smallest_pool_for(
     return None
 
 
+NAIVE_INTERVAL_S = 10.0
+"""The Kubernetes cluster autoscaler's default `--scan-interval`: the naive policy stands
+for an autoscaler that adds nodes for pending pods, as that one does."""
+
+
 class Naive:
     """A fixed batch per queued job: one new node per bundle of every attempt it has not yet
     launched for, ignoring free room and booting nodes; idle nodes go after the timeout."""
@@ -284,6 +311,8 @@ class Naive:
     name = "naive"
     watches_queue = True
     told_advice = False
+    places_jobs = False
+    interval_s = NAIVE_INTERVAL_S
 
     def __init__(self) -> None:
         self._served: dict[tuple[int, int], float] = {}
@@ -324,6 +353,8 @@ class Static:
     name = "static"
     watches_queue = False
     told_advice = False
+    places_jobs = False
+    interval_s = NAIVE_INTERVAL_S
 
     def __init__(self, pool: str, nodes: int) -> None:
         self.pool = pool
@@ -362,10 +393,15 @@ class RayAutoscaler:
     name = "ray"
     watches_queue = True
     told_advice = False
+    places_jobs = False
+    interval_s: float
 
     def __init__(self) -> None:
         # Ray is imported here, not at module import: it takes a second and only this
         # policy needs it.
+        from ray.autoscaler._private.constants import (  # noqa: PLC0415
+            AUTOSCALER_UPDATE_INTERVAL_S,
+        )
         from ray.autoscaler._private.node_provider_availability_tracker import (  # noqa: PLC0415
             NodeAvailabilitySummary,
         )
@@ -375,6 +411,8 @@ class RayAutoscaler:
             get_nodes_for,
         )
 
+        self.interval_s = float(AUTOSCALER_UPDATE_INTERVAL_S)
+        """How often Ray's autoscaler updates, from the installed package (5 s)."""
         self._residual: Callable[..., tuple[list[Any], list[Any]]] = get_bin_pack_residual
         self._nodes_for: Callable[..., tuple[dict[str, int], list[Any]]] = get_nodes_for
         self._scorer = functools.partial(

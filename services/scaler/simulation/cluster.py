@@ -137,6 +137,9 @@ class Decision:
     capacity: dict[int, CapacityClass] = field(default_factory=dict)
     """Job index → what its current attempt may run on from now (a deadline policy's
     choice); jobs not named keep theirs."""
+    placements: dict[int, tuple[str, ...]] = field(default_factory=dict)
+    """Job index → the ready nodes its current attempt starts on now, one per bundle,
+    largest bundle first (a policy that places its jobs)."""
 
 
 class SimPolicy(Protocol):
@@ -149,5 +152,12 @@ class SimPolicy(Protocol):
     a loss, which keeps a replay with a long queue fast."""
     told_advice: bool
     """Whether the replay tells it each market's forecast (`ClusterState.advice`)."""
+    places_jobs: bool
+    """Whether a job starts only where the policy places it (`Decision.placements`), as
+    spotrain's do: the scaler's pass places each queued attempt (`job.placed`) before Ray
+    gets it. Otherwise the replay places like Ray: at once, on any free room, best fit."""
+    interval_s: float
+    """How often the system it stands for decides, live: a job that needs a node waits for
+    the next decision, so this is part of every wait for a boot."""
 
     def decide(self, state: ClusterState) -> Decision: ...

@@ -116,12 +116,12 @@ boot_time_s = 120
 max_nodes = 1000
 """
 
-DECISION_INTERVAL_S = 10.0
-"""Decisions fall on a grid of this step: a twelfth of the default boot time, twice Ray's
-autoscaler update (5 s). 5 s gives similar figures and replays the full trace about 1.6 times
-slower. The 129-day trace is not stepped: a tick happens only when something changed that a
-policy could act on (queued work, a node ready or lost) or a time-based rule falls due (idle
-timeout, settle time, on-demand fallback)."""
+# Each policy decides as often as the system it stands for does live (`SimPolicy.interval_s`):
+# spotrain every pass of its scaler (2 s), Ray at its autoscaler's update interval (5 s), the
+# naive one at the Kubernetes cluster autoscaler's scan interval (10 s); `--interval-s` puts
+# them all on one. The 129-day trace is not stepped: a tick happens only when something
+# changed that a policy could act on (queued work, a node ready or lost) or a time-based
+# rule falls due (idle timeout, settle time, on-demand fallback).
 
 
 def load_pools(path: Path | None = None) -> tuple[list[PoolSpec], ScalerConfig]:
@@ -262,11 +262,12 @@ class Simulation:
         seed: int = 0,
         preemption_rate_per_hour: float = 0.0,
         preemption_group: int = 4,
-        interval_s: float = DECISION_INTERVAL_S,
+        interval_s: float | None = None,
         markets: Mapping[str, tuple[SpotTrace, int]] | None = None,
         spot_notice: bool = False,
         checkpoint_every_s: float | None = None,
     ) -> None:
+        """`interval_s`: decide on this grid rather than at the policy's own interval."""
         self.policy = policy
         self.pools = list(pools)
         self.by_name = {p.name: p for p in pools}
@@ -276,7 +277,7 @@ class Simulation:
         self.advice_rng = random.Random(seed + 1)  # noqa: S311
         self.rate_per_s = preemption_rate_per_hour / 3600.0
         self.group = max(1, preemption_group)
-        self.interval_s = interval_s
+        self.interval_s = policy.interval_s if interval_s is None else interval_s
         self.jobs, self.deadlines_refused = _replayable(trace, pools)
         self.unschedulable = len(trace) - len(self.jobs)
         self.now_s = self.jobs[0].arrival_s if self.jobs else 0.0
@@ -535,6 +536,31 @@ class Simulation:
                 return False
             self._set_free(node, node.free_gpus - bundle)
             taken.append((node, bundle))
+        self._start(job, taken)
+        return True
+
+    def _start_placed(self, job: SimJob, names: tuple[str, ...]) -> None:
+        """Start a queued attempt on the nodes its policy placed it on (one per bundle,
+        largest first), if every one is still up with that room."""
+        bundles = sorted(job.bundles, reverse=True)
+        if job.started_s is not None or job.done or len(names) != len(bundles):
+            return
+        need: dict[str, int] = {}
+        for bundle, name in zip(bundles, names, strict=True):
+            need[name] = need.get(name, 0) + bundle
+        nodes = [self.nodes.get(name) for name in need]
+        if any(n is None or not n.ready or n.free_gpus < need[n.name] for n in nodes):
+            return
+        taken = [(n, need[n.name]) for n in nodes if n is not None]
+        for node, gpus in taken:
+            self._set_free(node, node.free_gpus - gpus)
+        self._start(job, taken)
+        self.pending -= 1
+        key = (job.bundles, job.capacity)
+        self._drop_stale(key, self.queues[key])
+
+    def _start(self, job: SimJob, taken: list[tuple[SimNode, int]]) -> None:
+        """The attempt runs on the room taken on these nodes."""
         for node, gpus in taken:
             node.jobs[job.index] = node.jobs.get(job.index, 0) + gpus
         self.held[job.index] = list(dict.fromkeys(node for node, _ in taken))
@@ -542,7 +568,6 @@ class Simulation:
         job.waited_s += self.now_s - job.queued_s
         self.busy_gpus += job.gpus
         self._push(self.now_s + job.remaining_s, _DONE, (job, job.attempt))
-        return True
 
     def _free_node(self, gpus: int, capacity: CapacityClass) -> SimNode | None:
         """The ready node with the fewest free GPUs that has `gpus` free, of the capacity
@@ -689,6 +714,8 @@ class Simulation:
         decision = self.policy.decide(state)
         for index, capacity in decision.capacity.items():
             self._pin(self.jobs[index], capacity)
+        for index, names in decision.placements.items():
+            self._start_placed(self.jobs[index], names)
         self.idle_timeouts = decision.idle_timeouts
         for name in decision.release:
             node = self.nodes.get(name)
@@ -754,7 +781,7 @@ class Simulation:
                 self._preempt()
                 if self.next_preempt_s <= at_s:  # no count change redrew it
                     self._spot_changed(0)
-            if self.pending:
+            if self.pending and not self.policy.places_jobs:
                 self._place()
             if next_decision <= at_s:
                 self._decide()
@@ -816,13 +843,16 @@ class Simulation:
         )
 
 
-def make_policy(name: str, trace: Sequence[TraceJob], pools: Sequence[PoolSpec]) -> SimPolicy:
+def make_policy(
+    name: str, trace: Sequence[TraceJob], pools: Sequence[PoolSpec], config: ScalerConfig
+) -> SimPolicy:
+    every_s = config.pass_interval_s
     if name == "spotrain":
-        return Spotrain()
+        return Spotrain(interval_s=every_s)
     if name == FORECAST:
-        return Spotrain(name=FORECAST, told_advice=True)
+        return Spotrain(name=FORECAST, told_advice=True, interval_s=every_s)
     if name == "uniform-progress":
-        return Spotrain(uniform_progress_rule, name="uniform-progress")
+        return Spotrain(uniform_progress_rule, name="uniform-progress", interval_s=every_s)
     if name == "naive":
         return Naive()
     if name == "ray":
@@ -845,7 +875,7 @@ def simulate(
     seed: int = 0,
     preemption_rate_per_hour: float = 0.0,
     preemption_group: int = 4,
-    interval_s: float = DECISION_INTERVAL_S,
+    interval_s: float | None = None,
     markets: Mapping[str, tuple[SpotTrace, int]] | None = None,
     spot_notice: bool = False,
     checkpoint_every_s: float | None = None,
@@ -854,7 +884,7 @@ def simulate(
     started = time.perf_counter()
     sim = Simulation(
         trace,
-        make_policy(policy, trace, pools),
+        make_policy(policy, trace, pools, config),
         pools,
         config,
         seed=seed,
@@ -951,7 +981,8 @@ def parser() -> argparse.ArgumentParser:
                    help="spot node losses per node-hour (0 = none)")  # fmt: skip
     p.add_argument("--preemption-group", type=int, default=4,
                    help="nodes of one pool lost together")  # fmt: skip
-    p.add_argument("--interval-s", type=float, default=DECISION_INTERVAL_S)
+    p.add_argument("--interval-s", type=float,
+                   help="one decision grid for all (default: each its live one)")  # fmt: skip
     p.add_argument("--spot-trace", action="append", default=[], metavar="POOL=FILE[@OFFSET]",
                    help="a spot pool follows a market trace from OFFSET (repeatable)")  # fmt: skip
     p.add_argument("--spot-notice", action="store_true",
