@@ -1,8 +1,10 @@
 """One job with a deadline on every real spot trace of ../shared/traces/spot, head to head:
 spotrain's deadline policy, alone and told a capacity advice modelled from the trace's own
 next hour (right 80% of the time: `spotrain-forecast`), against the paper's Uniform
-Progress, greedy, all on-demand, and the offline optimum (`spotrain simulate deadline`'s
-model).
+Progress, greedy, all on-demand, and two yardsticks: the offline optimum, and the least
+expected cost knowing the lengths of the run's own windows and gaps but not their order
+(`renewal-optimal`, `simulation/renewal.py`: the most that learning a market's distribution
+can give) (`spotrain simulate deadline`'s model).
 
 For (work, deadline) = (24 h, 48 h), (48 h, 52 h), (48 h, 72 h), (12 h, 14 h), a restart
 overhead of 0.2 h and spot at 0.3 of on-demand: at least 20 start offsets per trace, spread
@@ -25,16 +27,23 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from services.scaler.simulation.deadline import FORECAST, POLICIES, DeadlineJob, check, run
+from services.scaler.simulation.deadline import (
+    FORECAST,
+    POLICIES,
+    RENEWAL,
+    DeadlineJob,
+    check,
+    run,
+)
 from services.scaler.simulation.traces import SpotTrace, read_spot_trace
 
 CASES = ((24.0, 48.0), (48.0, 52.0), (48.0, 72.0), (12.0, 14.0))
 OVERHEAD_H = 0.2
 SPOT_PRICE_RATIO = 0.3
 TRACES = Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "spot"
-NAMES = (*POLICIES[:1], FORECAST, *POLICIES[1:])
+NAMES = (*POLICIES[:1], FORECAST, *POLICIES[1:-1], RENEWAL, POLICIES[-1])
 """The platform's policy, then the same told a capacity advice modelled from the trace's
-next hour (right 80% of the time), then the others."""
+next hour (right 80% of the time), then the others, then the two yardsticks."""
 
 
 def offsets(trace: SpotTrace, deadline_h: float, count: int) -> list[int]:

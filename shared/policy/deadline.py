@@ -224,10 +224,10 @@ def decide(state: DeadlineState) -> DeadlineDecision:
     if state.work_left_h <= _EPSILON:
         return _decision(state, Run.WAIT, DeadlineReason.DONE)
     restart = state.restart_overhead_h
-    if state.hours_left + _EPSILON < _on_demand_time(state):
+    if state.hours_left + _EPSILON < on_demand_time(state):
         return _decision(state, Run.ON_DEMAND, DeadlineReason.CANNOT_MEET)
-    spot_ok = state.spot_available and _keeps_deadline(state, Run.SPOT)
-    wait_ok = _keeps_deadline(state, Run.WAIT)
+    spot_ok = state.spot_available and keeps_deadline(state, Run.SPOT)
+    wait_ok = keeps_deadline(state, Run.WAIT)
     if not spot_ok and not wait_ok:
         return _decision(state, Run.ON_DEMAND, DeadlineReason.ON_DEMAND_NEEDED)
     if state.running is Run.SPOT and spot_ok:
@@ -308,7 +308,7 @@ def _spot_gate_h(state: DeadlineState) -> float:
     return lengths[index]
 
 
-def _on_demand_time(state: DeadlineState) -> float:
+def on_demand_time(state: DeadlineState) -> float:
     """Hours to finish on on-demand from now: a restart unless already there."""
     overhead = state.overhead_left_h if state.running is Run.ON_DEMAND else state.restart_overhead_h
     return overhead + state.work_left_h
@@ -320,7 +320,7 @@ def _slack_h(state: DeadlineState, run: Run) -> float:
     return state.hours_left - state.work_left_h - overhead
 
 
-def _keeps_deadline(state: DeadlineState, run: Run) -> bool:
+def keeps_deadline(state: DeadlineState, run: Run) -> bool:
     """Whether after one interval of `run` (spot or wait), on-demand started then would still
     end by the deadline, even if spot is gone by then."""
     interval = state.decision_interval_h

@@ -33,6 +33,7 @@ from typing import NoReturn, Protocol
 import numpy as np
 from pydantic import ValidationError
 
+from services.scaler.simulation import renewal
 from services.scaler.simulation.traces import SpotTrace, read_spot_trace
 from shared.client import PlatformError, SpotrainClient
 from shared.policy import deadline
@@ -45,6 +46,10 @@ FORECAST = "spotrain-forecast"
 own next hour (`forecast`): asked for by name, not among the defaults."""
 FORECAST_ACCURACY = 0.8
 """How often the modelled advice is right."""
+
+RENEWAL = "renewal-optimal"
+"""The least expected cost knowing the lengths of the windows and gaps of the run's own span
+but not their order (`simulation.renewal`): a yardstick asked for by name."""
 
 HISTORY_H = 7 * 24.0
 """How much of the pool's past before the start an online policy may have seen."""
@@ -167,6 +172,67 @@ class Spotrain(_Watcher):
             ),
         )
         return deadline.decide(state).run
+
+
+class RenewalOptimal:
+    """`renewal.RenewalPlan` for the job, told the lengths of the windows and gaps of its
+    span; it follows the age of the spell it is in. The rule that keeps the deadline
+    (`deadline.keeps_deadline`) has the last word, as for the platform's policy: the plan
+    rounds time down and work up to its step, which a trace's ticks do not."""
+
+    name = RENEWAL
+
+    def __init__(self, job: DeadlineJob, windows: Sequence[float], gaps: Sequence[float]) -> None:
+        self.job = job
+        self.plan = renewal.RenewalPlan.solve(
+            windows=windows,
+            gaps=gaps,
+            work_h=job.work_h,
+            deadline_h=job.deadline_h,
+            overhead_h=job.overhead_h,
+            spot_price_ratio=job.spot_price_ratio,
+        )
+        self.available: bool | None = None
+        self.spell_h = 0.0
+        """How long the spell now has lasted, this tick's sighting included."""
+
+    def observe(self, available: bool, tick_h: float) -> None:
+        self.spell_h = self.spell_h + tick_h if available == self.available else tick_h
+        self.available = available
+
+    def decide(self, view: TickView) -> Run:
+        job = self.job
+        state = DeadlineState.model_construct(
+            hours_left=view.hours_left,
+            work_left_h=view.work_left_h,
+            running=view.running,
+            overhead_left_h=view.overhead_left_h,
+            restart_overhead_h=job.overhead_h,
+            decision_interval_h=view.tick_h,
+            spot_available=view.spot_available,
+            spot_price_ratio=job.spot_price_ratio,
+            outlook=deadline.outlook(WindowTally(), 0.0, job.overhead_h),
+        )
+        if view.work_left_h <= _EPSILON:
+            return Run.WAIT
+        if view.hours_left + _EPSILON < deadline.on_demand_time(state):
+            return Run.ON_DEMAND
+        spot_ok = view.spot_available and deadline.keeps_deadline(state, Run.SPOT)
+        wait_ok = deadline.keeps_deadline(state, Run.WAIT)
+        paying = view.overhead_left_h if view.running is not Run.WAIT else 0.0
+        run = self.plan.action(
+            hours_left=view.hours_left,
+            work_left_h=view.work_left_h + paying,
+            running=view.running,
+            spot_available=view.spot_available,
+            # As of the last decision: this tick's sighting is in `spell_h` already.
+            age_h=max(0.0, self.spell_h - view.tick_h),
+        )
+        if run is Run.SPOT and not spot_ok:
+            run = Run.WAIT
+        if run is Run.WAIT and not wait_ok:
+            run = Run.ON_DEMAND
+        return run
 
 
 class _Blind:
@@ -490,6 +556,9 @@ def run(
     platform learnt of a pool instead of the trace's past, and no policy sees that past."""
     if name == "optimal":
         return optimal(trace, start_tick, job)
+    if name == RENEWAL:
+        windows, gaps = renewal.spells(_window(trace, start_tick, job), trace.gap_s / 3600)
+        return run_online(RenewalOptimal(job, windows, gaps), trace, start_tick, job)
     if name == FORECAST:
         told = Spotrain(job, learnt)
         told.name = FORECAST
@@ -576,8 +645,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser().parse_args(argv)
         names = tuple(n for n in args.policy.split(",") if n)
         for name in names:
-            if name not in (*POLICIES, FORECAST):
-                choices = ", ".join((*POLICIES, FORECAST))
+            if name not in (*POLICIES, FORECAST, RENEWAL):
+                choices = ", ".join((*POLICIES, FORECAST, RENEWAL))
                 raise ValueError(f"unknown policy {name!r}; choose from {choices}")
         trace = read_spot_trace(args.spot_trace)
         job = DeadlineJob(args.hours, args.deadline, args.overhead, args.spot_price_ratio)
