@@ -22,7 +22,6 @@ from services.scaler.simulation.deadline import (
     run,
     run_online,
 )
-from services.scaler.simulation.traces import SpotTrace
 from shared.policy.deadline import (
     DeadlineReason,
     DeadlineState,
@@ -34,6 +33,7 @@ from shared.policy.deadline import (
     tally,
 )
 from shared.policy.pool_knowledge import PoolRecord
+from tests.markets import markets, spot_trace
 
 LONG_WINDOWS = SpotOutlook(seen_h=100, productive_share=0.6, mean_window_h=5.0)
 SHORT_WINDOWS = SpotOutlook(seen_h=100, productive_share=0.05, mean_window_h=0.25)
@@ -201,10 +201,6 @@ def test_outlook_blends_the_prior_with_what_was_seen() -> None:
     assert outlook(week, 168.0, 0.2, open_window_h=3.0).mean_window_h > seen.mean_window_h
 
 
-def _trace(available: list[bool], gap_s: int = 600) -> SpotTrace:
-    return SpotTrace("test", gap_s, tuple(int(a) for a in available))
-
-
 class _Script:
     """Plays a fixed list of choices (spot only where there is spot)."""
 
@@ -238,20 +234,13 @@ def test_optimal_is_the_cheapest_of_every_schedule(
     job = DeadlineJob(work_h, deadline_h, overhead_h, 0.3)
     ticks = -(-round(deadline_h * 3600) // gap_s)
     pattern = [(i * (seed + 2) + seed) % 3 != 0 for i in range(ticks)]
-    trace = _trace(pattern, gap_s)
+    trace = spot_trace(pattern, gap_s)
     costs = [
         outcome.cost_od_hours
         for choices in itertools.product(list(Run), repeat=ticks)
         if (outcome := run_online(_Script(choices), trace, 0, job)).met_deadline
     ]
     assert optimal(trace, 0, job).cost_od_hours == pytest.approx(min(costs))
-
-
-markets = st.lists(st.booleans(), min_size=1, max_size=12).flatmap(
-    lambda blocks: st.lists(st.integers(1, 30), min_size=len(blocks), max_size=len(blocks)).map(
-        lambda lengths: [b for b, n in zip(blocks, lengths, strict=True) for _ in range(n)]
-    )
-)
 
 
 @settings(max_examples=100, deadline=None)
@@ -272,7 +261,7 @@ def test_spotrain_meets_every_deadline_on_demand_could(
     gap_s = 300
     ticks = math.ceil(job.deadline_h * 3600 / gap_s)
     available = (market * (history + ticks))[: history + ticks]
-    trace = _trace(available, gap_s)
+    trace = spot_trace(available, gap_s)
     check(trace, history, job)
     outcome = run_online(Spotrain(job), trace, history, job)
     assert outcome.met_deadline
@@ -302,7 +291,7 @@ def test_moves_count_starts_on_another_kind_of_capacity(
     """As the live platform counts a job's moves: a start on another kind than the run
     before, whatever came between; a restart on the same kind is no move."""
     job = DeadlineJob(work_h=10.0, deadline_h=20.0, overhead_h=0.0)
-    trace = _trace([bool(a) for a in available] + [True] * 200)
+    trace = spot_trace([bool(a) for a in available] + [True] * 200)
     outcome = run_online(_Script(tuple(choices)), trace, 0, job)
     assert (outcome.moves, outcome.starts) == (moves, starts)
 
@@ -332,7 +321,7 @@ def test_the_platform_policy_starts_from_what_the_live_platform_learnt(
     trace's past (none is shown)."""
     # Behind (0.3 h to spare, below a fifth of the work), yet with room for two restarts.
     job = DeadlineJob(work_h=2.0, deadline_h=2.4, overhead_h=0.1, spot_price_ratio=0.3)
-    trace = _trace([True] * 40)
+    trace = spot_trace([True] * 40)
     learnt = _learnt(windows_h, watched_h=sum(windows_h) * 2)
     outcome = run("spotrain", trace, 10, job, learnt)
     assert outcome.met_deadline

@@ -20,7 +20,7 @@ from services.scaler.simulation.deadline import (
     run,
     run_online,
 )
-from services.scaler.simulation.traces import SpotTrace
+from tests.markets import markets, spot_trace
 
 
 @pytest.mark.parametrize(
@@ -43,10 +43,6 @@ def test_spells_split_a_run_of_sightings_into_windows_and_gaps() -> None:
     assert renewal.spells([], 0.5) == ([], [])
 
 
-def _trace(available: list[bool], gap_s: int = 600) -> SpotTrace:
-    return SpotTrace("test", gap_s, tuple(int(a) for a in available))
-
-
 @pytest.mark.parametrize(("work_h", "deadline_h"), [(6.0, 10.0), (12.0, 14.0), (8.0, 20.0)])
 @pytest.mark.parametrize("start", [0, 5, 13])
 def test_on_a_regular_market_knowing_the_lengths_comes_near_the_optimum(
@@ -54,7 +50,7 @@ def test_on_a_regular_market_knowing_the_lengths_comes_near_the_optimum(
 ) -> None:
     """Windows of 2 h and gaps of 1 h: the lengths and a spell's age say when it ends, so
     the plan comes near what knowing the whole trace gives, with the deadline met."""
-    trace = _trace(([True] * 12 + [False] * 6) * 40)
+    trace = spot_trace(([True] * 12 + [False] * 6) * 40)
     job = DeadlineJob(work_h, deadline_h, 0.2, 0.3)
     outcome = run(RENEWAL, trace, start, job)
     assert outcome.met_deadline
@@ -62,19 +58,12 @@ def test_on_a_regular_market_knowing_the_lengths_comes_near_the_optimum(
 
 
 def test_with_no_spot_in_its_span_it_runs_on_on_demand_once() -> None:
-    trace = _trace([False] * 40)
+    trace = spot_trace([False] * 40)
     job = DeadlineJob(3.0, 5.0, 0.2, 0.3)
     outcome = run(RENEWAL, trace, 0, job)
     assert outcome.met_deadline
     assert (outcome.starts, outcome.spot_h) == (1, 0.0)
     assert outcome.cost_od_hours == pytest.approx(3.2)
-
-
-markets = st.lists(st.booleans(), min_size=1, max_size=12).flatmap(
-    lambda blocks: st.lists(st.integers(1, 30), min_size=len(blocks), max_size=len(blocks)).map(
-        lambda lengths: [b for b, n in zip(blocks, lengths, strict=True) for _ in range(n)]
-    )
-)
 
 
 @settings(max_examples=60, deadline=None)
@@ -92,7 +81,7 @@ def test_it_meets_every_deadline_on_demand_could(
     job = DeadlineJob(work_h, work_h + overhead_h + slack_h, overhead_h, 0.3)
     gap_s = 300
     ticks = math.ceil(job.deadline_h * 3600 / gap_s)
-    trace = _trace((market * ticks)[:ticks], gap_s)
+    trace = spot_trace((market * ticks)[:ticks], gap_s)
     check(trace, 0, job)
     windows, gaps = renewal.spells(_window(trace, 0, job), gap_s / 3600)
     outcome = run_online(RenewalOptimal(job, windows, gaps), trace, 0, job)
