@@ -251,8 +251,10 @@ class Spotrain:
             chosen = CapacityClass.ON_DEMAND if run is Run.ON_DEMAND else CapacityClass.SPOT
             if chosen is not job.capacity:
                 capacity[job.index] = chosen
-            if run is not Run.WAIT:
-                demands.append(job.to_demand(chosen))
+            # Waiting is for spot that cannot be had now: asked for as spot, as the live
+            # scaler asks, it grows no pool (none is available to it) and takes only spot
+            # room already free.
+            demands.append(job.to_demand(chosen))
         return demands, capacity
 
     def _view(self, node: SimNode, state: ClusterState) -> NodeView:
