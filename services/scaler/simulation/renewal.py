@@ -18,6 +18,7 @@ action that risks a miss is ever the cheapest."""
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -96,22 +97,23 @@ class RenewalPlan:
         done = missed.copy()
         done[0] = 0.0
         actions = np.zeros((time_steps + 1, *shape, len(_ORDER)), dtype=np.int8)
-        idle: list[np.ndarray] = [done]
-        on_demand: list[np.ndarray] = [done]
-        after_spot: list[np.ndarray] = [done]
-        """Per time left: the value waiting, on on-demand, and just after a spot step (on
-        spot if the window goes on, waiting if it ended)."""
+        kept = max(steps, 1)
+        idle: deque[np.ndarray] = deque([done], maxlen=kept)
+        on_demand: deque[np.ndarray] = deque([done], maxlen=kept)
+        after_spot: deque[np.ndarray] = deque([done], maxlen=kept)
+        """For the last `kept` times left: the value waiting, on on-demand, and just after
+        a spot step (on spot if the window goes on, waiting if it ended)."""
         for t in range(1, time_steps + 1):
-            wait = next_step(idle[t - 1])
+            wait = next_step(idle[-1])
             run_od, run_spot = missed.copy(), missed.copy()
-            run_od[1:] = 1.0 + next_step(on_demand[t - 1])[:-1]
-            run_spot[1:] = spot_price_ratio + next_step(after_spot[t - 1])[:-1]
+            run_od[1:] = 1.0 + next_step(on_demand[-1])[:-1]
+            run_spot[1:] = spot_price_ratio + next_step(after_spot[-1])[:-1]
             run_spot[:, ~in_window] = _MISSED
             if steps == 0:  # a start costs nothing: it is a step run
                 start_od, start_spot = run_od, run_spot
             elif t >= steps:
-                start_od = steps + after(on_demand[t - steps], steps)
-                start_spot = steps * spot_price_ratio + after(after_spot[t - steps], steps)
+                start_od = steps + after(on_demand[-steps], steps)
+                start_spot = steps * spot_price_ratio + after(after_spot[-steps], steps)
             else:
                 start_od = start_spot = missed
             start_spot = np.where(in_window, start_spot, _MISSED)
