@@ -13,6 +13,7 @@ from services.scaler.model import Blocked, BlockedReason, NodeView
 from services.scaler.policy import decision
 from services.scaler.policy.decision import (
     ADVICE_EVERY_S,
+    LEARNT_TIMEOUT_FLOOR_S,
     ScaleRequest,
     ScalerMemory,
     advice_due,
@@ -212,24 +213,28 @@ def reused_history(after_s: float) -> IdleHistory:
 
 
 @pytest.mark.parametrize(
-    ("learn", "after_s", "released"),
+    ("learn", "after_s", "idle_s", "released"),
     [
-        pytest.param(True, 200.0, True, id="work-comes-back-after-a-boot-would-have"),
-        pytest.param(True, 5.0, False, id="work-comes-back-at-once"),
-        pytest.param(False, 200.0, False, id="learning-off-keeps-the-configured"),
+        pytest.param(True, 200.0, 90.0, True, id="work-comes-back-after-a-boot-would-have"),
+        pytest.param(True, 200.0, 30.0, False, id="learnt-down-to-0-but-kept-the-floor"),
+        pytest.param(True, 5.0, 90.0, False, id="work-comes-back-at-once"),
+        pytest.param(False, 200.0, 90.0, False, id="learning-off-keeps-the-configured"),
     ],
 )
 def test_the_idle_timeout_is_learnt_from_the_pools_periods(
-    learn: bool, after_s: float, released: bool
+    learn: bool, after_s: float, idle_s: float, released: bool
 ) -> None:
+    """Never under the floor, though: work placed on a node shows in Ray only some seconds
+    after its job starts."""
+    assert 30.0 < LEARNT_TIMEOUT_FLOOR_S < 90.0 < LONGEST_S
     config = CONFIG.model_copy(update={"idle_timeout_s": LONGEST_S, "learn_idle_timeout": learn})
     memory = ScalerMemory(
         idle={"gpu-spot": reused_history(after_s)},
-        idle_nodes={"s1": NOW - timedelta(seconds=30)},
+        idle_nodes={"s1": NOW - timedelta(seconds=idle_s)},
     )
     reply = decide(
         ScaleRequest(
-            pools=POOLS, config=config, at=NOW, nodes=(idle_node("s1", 30.0),), demands=(),
+            pools=POOLS, config=config, at=NOW, nodes=(idle_node("s1", idle_s),), demands=(),
             memory=memory,
         )
     )  # fmt: skip

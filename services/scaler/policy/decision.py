@@ -324,9 +324,20 @@ def idle_timeouts(
     pools: Sequence[PoolSpec], idle: Mapping[str, IdleHistory], config: ScalerConfig
 ) -> dict[str, float]:
     """Per pool, the idle timeout its history says costs least (never above the one
-    configured; the configured one until enough periods were seen)."""
+    configured, nor under `LEARNT_TIMEOUT_FLOOR_S`; the configured one until enough periods
+    were seen)."""
     return {
-        pool.name: history.timeout_s(pool.boot_time_s, config.idle_timeout_s)
+        pool.name: min(
+            max(history.timeout_s(pool.boot_time_s, config.idle_timeout_s), LEARNT_TIMEOUT_FLOOR_S),
+            config.idle_timeout_s,
+        )
         for pool in pools
         if (history := idle.get(pool.name)) is not None
     }
+
+
+LEARNT_TIMEOUT_FLOOR_S = 60.0
+"""A learnt idle timeout never goes under this, live: work placed on a node shows in Ray
+some seconds after its job starts (a Ray Train driver starts on the head, then asks for
+its workers' room), and a node let go before strands that work, whose workers then never
+start. The replay starts work on its node at once, so its keep-alive has no such floor."""

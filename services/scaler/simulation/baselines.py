@@ -120,6 +120,10 @@ def uniform_progress_rule(job: SimJob, state: ClusterState, spot_available: bool
     return Run.ON_DEMAND if job.saved_s < line_s else Run.WAIT
 
 
+_PAST_EDGE_S = 1.0
+"""How far past an edge of the deadline rule a wake falls: on the edge, a job still waits."""
+
+
 def deadline_wakes(job: SimJob, now_s: float, overhead_s: float) -> list[float]:
     """When a queued deadline job's choice may change while nothing else happens: its slack
     down to the deadline policy's reserve, its last chance to wait (two restarts left), and
@@ -133,9 +137,6 @@ def deadline_wakes(job: SimJob, now_s: float, overhead_s: float) -> list[float]:
     ]
     # Just past each edge: on it, the job may still wait, and nothing would wake it again.
     return [edge + _PAST_EDGE_S for edge in edges if edge + _PAST_EDGE_S > now_s]
-
-
-_PAST_EDGE_S = 1.0
 
 
 class Spotrain:
