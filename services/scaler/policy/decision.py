@@ -320,6 +320,13 @@ def watch_idle(
     return idle, kept
 
 
+LEARNT_TIMEOUT_FLOOR_S = 60.0
+"""A learnt idle timeout never goes under this, live: work placed on a node shows in Ray
+some seconds after its job starts (a Ray Train driver starts on the head, then asks for
+its workers' room), and a node let go before strands that work, whose workers then never
+start. The replay starts work on its node at once, so its keep-alive has no such floor."""
+
+
 def idle_timeouts(
     pools: Sequence[PoolSpec], idle: Mapping[str, IdleHistory], config: ScalerConfig
 ) -> dict[str, float]:
@@ -334,10 +341,3 @@ def idle_timeouts(
         for pool in pools
         if (history := idle.get(pool.name)) is not None
     }
-
-
-LEARNT_TIMEOUT_FLOOR_S = 60.0
-"""A learnt idle timeout never goes under this, live: work placed on a node shows in Ray
-some seconds after its job starts (a Ray Train driver starts on the head, then asks for
-its workers' room), and a node let go before strands that work, whose workers then never
-start. The replay starts work on its node at once, so its keep-alive has no such floor."""

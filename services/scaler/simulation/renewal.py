@@ -21,6 +21,7 @@ import math
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import groupby
 
 import numpy as np
 
@@ -179,14 +180,6 @@ def spells(available: Sequence[bool], step_h: float) -> tuple[list[float], list[
     apart, the first and last as far as they go."""
     windows: list[float] = []
     gaps: list[float] = []
-    if not available:
-        return windows, gaps
-    current, count = available[0], 0
-    for seen in available:
-        if seen == current:
-            count += 1
-            continue
-        (windows if current else gaps).append(count * step_h)
-        current, count = seen, 1
-    (windows if current else gaps).append(count * step_h)
+    for seen, run in groupby(available):
+        (windows if seen else gaps).append(sum(1 for _ in run) * step_h)
     return windows, gaps
