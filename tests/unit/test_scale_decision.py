@@ -13,7 +13,7 @@ from services.scaler.model import Blocked, BlockedReason, NodeView
 from services.scaler.policy import decision
 from services.scaler.policy.decision import (
     ADVICE_EVERY_S,
-    LEARNT_TIMEOUT_FLOOR_S,
+    PLACED_GRACE_S,
     ScaleRequest,
     ScalerMemory,
     advice_due,
@@ -213,28 +213,29 @@ def reused_history(after_s: float) -> IdleHistory:
 
 
 @pytest.mark.parametrize(
-    ("learn", "after_s", "idle_s", "released"),
+    ("learn", "after_s", "placed_s_ago", "released"),
     [
-        pytest.param(True, 200.0, 90.0, True, id="work-comes-back-after-a-boot-would-have"),
-        pytest.param(True, 200.0, 30.0, False, id="learnt-down-to-0-but-kept-the-floor"),
-        pytest.param(True, 5.0, 90.0, False, id="work-comes-back-at-once"),
-        pytest.param(False, 200.0, 90.0, False, id="learning-off-keeps-the-configured"),
+        pytest.param(True, 200.0, None, True, id="work-comes-back-after-a-boot-would-have"),
+        pytest.param(True, 200.0, 10.0, False, id="placed-on-lately-its-work-not-in-ray-yet"),
+        pytest.param(True, 200.0, PLACED_GRACE_S, True, id="placed-on-past-the-grace"),
+        pytest.param(True, 5.0, None, False, id="work-comes-back-at-once"),
+        pytest.param(False, 200.0, None, False, id="learning-off-keeps-the-configured"),
     ],
 )
 def test_the_idle_timeout_is_learnt_from_the_pools_periods(
-    learn: bool, after_s: float, idle_s: float, released: bool
+    learn: bool, after_s: float, placed_s_ago: float | None, released: bool
 ) -> None:
-    """Never under the floor, though: work placed on a node shows in Ray only some seconds
-    after its job starts."""
-    assert 30.0 < LEARNT_TIMEOUT_FLOOR_S < 90.0 < LONGEST_S
+    """A node a pass placed work on lately counts as busy, though: its work shows in Ray
+    only some seconds after its job starts."""
     config = CONFIG.model_copy(update={"idle_timeout_s": LONGEST_S, "learn_idle_timeout": learn})
     memory = ScalerMemory(
         idle={"gpu-spot": reused_history(after_s)},
-        idle_nodes={"s1": NOW - timedelta(seconds=idle_s)},
+        idle_nodes={"s1": NOW - timedelta(seconds=30)},
+        placed={} if placed_s_ago is None else {"s1": NOW - timedelta(seconds=placed_s_ago)},
     )
     reply = decide(
         ScaleRequest(
-            pools=POOLS, config=config, at=NOW, nodes=(idle_node("s1", idle_s),), demands=(),
+            pools=POOLS, config=config, at=NOW, nodes=(idle_node("s1", 30.0),), demands=(),
             memory=memory,
         )
     )  # fmt: skip

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from services.scaler.model import PoolSpec, ScalerConfig
+from services.scaler.policy.decision import PLACED_GRACE_S
 from services.scaler.simulation.cluster import ClusterState, Decision
 from services.scaler.simulation.replay import (
     Simulation,
@@ -224,3 +225,22 @@ def test_spotrains_jobs_start_where_its_plan_placed_them() -> None:
     every_s = CONFIG.pass_interval_s
     assert big.started_s == math.ceil((1.0 + 60.0) / every_s) * every_s
     assert small.started_s == math.ceil(120.0 / every_s) * every_s
+
+
+def test_a_node_spotrain_placed_on_is_kept_a_while_however_short_its_learnt_timeout() -> None:
+    """Sixty 10 s jobs far apart teach the keep-alive that work never comes back (a learnt
+    timeout of 0 s). Then job x runs 10 s and job y comes 30 s after x was placed: y takes x's
+    node, kept for `PLACED_GRACE_S` after the placement as the live scaler keeps it (work
+    placed there shows in Ray only seconds after), rather than waiting for a new one."""
+    learning = [TraceJob(f"l{i}", 1000.0 * i, 2, 10.0) for i in range(60)]
+    x_s = 1000.0 * 60
+    trace = [*learning, TraceJob("x", x_s, 2, 10.0), TraceJob("y", x_s + 60.0 + 30.0, 2, 10.0)]
+    sim = Simulation(trace, make_policy("spotrain", trace, [pool()], CONFIG), [pool()], CONFIG)
+    sim.run()
+    assert sim.idle_timeouts == {"spot": 0.0}
+    assert sim.result(0.0).nodes_launched == 61
+    x, y = sim.jobs[-2:]
+    assert x.started_s is not None
+    assert y.started_s is not None
+    assert y.started_s - x.started_s < PLACED_GRACE_S
+    assert y.waited_s <= CONFIG.pass_interval_s

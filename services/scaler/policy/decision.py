@@ -68,6 +68,8 @@ class ScalerMemory(Frozen):
     """Per pool, the idle periods the keep-alive learns its timeout from."""
     idle_nodes: Mapping[str, AwareDatetime] = {}
     """The nodes the last pass saw idle, and since when."""
+    placed: Mapping[str, AwareDatetime] = {}
+    """The nodes a pass placed an attempt on within `PLACED_GRACE_S`, and when."""
 
 
 class ScaleRequest(Frozen):
@@ -103,6 +105,11 @@ def decide(request: ScaleRequest) -> ScaleReply:
     idle, idle_nodes = watch_idle(
         memory, request.pools, request.nodes, now, request.config.idle_timeout_s
     )
+    placed = {
+        node: at
+        for node, at in memory.placed.items()
+        if (now - at).total_seconds() < placed_grace_s(request.config)
+    }
     decided = plan(
         pools,
         request.nodes,
@@ -117,6 +124,7 @@ def decide(request: ScaleRequest) -> ScaleReply:
             else None
         ),
         outlooks=outlooks(pools, memory, now),
+        kept=frozenset(placed),
     )
     grown = {p.pool: p.target - p.current for p in decided.pools if p.target > p.current}
     for pool, count in grown.items():
@@ -147,9 +155,24 @@ def decide(request: ScaleRequest) -> ScaleReply:
                 "reported_blocks": said,
                 "idle": idle,
                 "idle_nodes": idle_nodes,
+                "placed": placed | {n: now for p in decided.placements for n in p.nodes},
             }
         ),
     )
+
+
+PLACED_GRACE_S = 60.0
+"""A node a pass placed an attempt on is kept this long after (never longer than the
+configured idle timeout), however idle Ray says it is: the work shows in
+Ray only some seconds after its job starts (a Ray Train driver starts on the head, then asks
+for its workers' room), and a node let go meanwhile, as idle, strands that work, whose
+workers then never start."""
+
+
+def placed_grace_s(config: ScalerConfig) -> float:
+    """How long a node placed on is kept: `PLACED_GRACE_S`, or the configured idle timeout
+    if shorter (a platform that lets idle nodes go at once wants that)."""
+    return min(PLACED_GRACE_S, config.idle_timeout_s)
 
 
 def out_of_capacity(memory: ScalerMemory, now: datetime) -> frozenset[str]:
@@ -320,24 +343,13 @@ def watch_idle(
     return idle, kept
 
 
-LEARNT_TIMEOUT_FLOOR_S = 60.0
-"""A learnt idle timeout never goes under this, live: work placed on a node shows in Ray
-some seconds after its job starts (a Ray Train driver starts on the head, then asks for
-its workers' room), and a node let go before strands that work, whose workers then never
-start. The replay starts work on its node at once, so its keep-alive has no such floor."""
-
-
 def idle_timeouts(
     pools: Sequence[PoolSpec], idle: Mapping[str, IdleHistory], config: ScalerConfig
 ) -> dict[str, float]:
     """Per pool, the idle timeout its history says costs least (never above the one
-    configured, nor under `LEARNT_TIMEOUT_FLOOR_S`; the configured one until enough periods
-    were seen)."""
+    configured; the configured one until enough periods were seen)."""
     return {
-        pool.name: min(
-            max(history.timeout_s(pool.boot_time_s, config.idle_timeout_s), LEARNT_TIMEOUT_FLOOR_S),
-            config.idle_timeout_s,
-        )
+        pool.name: history.timeout_s(pool.boot_time_s, config.idle_timeout_s)
         for pool in pools
         if (history := idle.get(pool.name)) is not None
     }

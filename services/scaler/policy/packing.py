@@ -522,6 +522,7 @@ def plan(
     risk: Mapping[str, float] | None = None,
     idle_timeouts: Mapping[str, float] | None = None,
     outlooks: Mapping[str, SpotOutlook] | None = None,
+    kept: frozenset[str] = frozenset(),
 ) -> ScalePlan:
     """Decide pool sizes. Pure: the same inputs always give the same plan.
 
@@ -529,7 +530,8 @@ def plan(
     `risk`: per pool, what its preemptions and stock-outs add to its price, as a share (see
     `eligible_pools`). `idle_timeouts`: per pool, the idle timeout learnt from its history
     (`keepalive.best_idle_timeout_s`), never above the configured one. `outlooks`: what
-    has been seen of each spot pool, for deadline jobs (see `eligible_pools`).
+    has been seen of each spot pool, for deadline jobs (see `eligible_pools`). `kept`: nodes
+    not released however long idle (work was placed there that Ray does not show yet).
 
     Demand is packed, most urgent first, into free room on existing and booting nodes, then
     into as few new nodes of the cheapest allowed pool as hold all of a job's bundles. A job
@@ -575,6 +577,7 @@ def plan(
             ready[node.name] = slot
         if (
             node.ready
+            and node.name not in kept
             and node.idle_s >= _idle_timeout_s(node, config, idle_timeouts)
             and free.gpus >= pool.gpus
             and free.cpus >= pool.cpus - _EPSILON

@@ -12,6 +12,7 @@ from typing import Any
 
 from services.scaler.model import Demand, NodeView, PoolSpec, Room, ScalerConfig
 from services.scaler.policy import plan, preemption_risk
+from services.scaler.policy.decision import placed_grace_s
 from services.scaler.policy.keepalive import best_idle_timeout_s
 from services.scaler.simulation.cluster import (
     CPUS_PER_GPU,
@@ -188,6 +189,12 @@ class Spotrain:
             for pool, taken in state.taken_back.items()
         }
         idle_timeouts = self._idle_timeouts(state)
+        grace_s = placed_grace_s(state.config)
+        kept = frozenset(
+            node.name
+            for node in state.idle
+            if node.placed_s is not None and state.now_s - node.placed_s < grace_s
+        )
         decided = plan(
             state.pools,
             views,
@@ -197,6 +204,7 @@ class Spotrain:
             unavailable=unavailable,
             risk=risk,
             idle_timeouts=idle_timeouts,
+            kept=kept,
         )
         remaining = {p.pool: p.current for p in decided.pools}
         name_to_pool = {node.name: node.pool.name for node in state.idle}

@@ -32,6 +32,8 @@ class SimNode:
     free_gpus: int = 0
     idle_since_s: float | None = None
     """When it last became empty (or ready while empty); None while something runs on it."""
+    placed_s: float | None = None
+    """When a policy last placed a job on it (`Decision.placements`)."""
     jobs: dict[int, int] = field(default_factory=dict)
     """Job index → GPUs that job holds here."""
     view: NodeView | None = None

@@ -24,6 +24,7 @@ from typing import Any
 from pydantic import TypeAdapter
 
 from services.scaler.model import PoolSpec, ScalerConfig
+from services.scaler.policy.decision import placed_grace_s
 from services.scaler.policy.keepalive import IDLE_PERIODS_KEPT
 from services.scaler.simulation.baselines import (
     Naive,
@@ -403,6 +404,11 @@ class Simulation:
             learnt_s = self.idle_timeouts.get(node.pool.name)
             if learnt_s is not None and learnt_s < self.config.idle_timeout_s:
                 self._alarm(self.now_s + learnt_s, _IDLE, (node, self.now_s))
+            if node.placed_s is not None:
+                # The live scaler keeps a node it placed on a while, however idle.
+                grace_end_s = node.placed_s + placed_grace_s(self.config)
+                if grace_end_s > self.now_s:
+                    self._alarm(grace_end_s, _IDLE, (node, self.now_s))
             self.idle_starts.setdefault(node.pool.name, deque()).append(self.now_s)
         elif not empty:
             if node.idle_since_s is not None:
@@ -553,6 +559,7 @@ class Simulation:
             return
         taken = [(n, need[n.name]) for n in nodes if n is not None]
         for node, gpus in taken:
+            node.placed_s = self.now_s
             self._set_free(node, node.free_gpus - gpus)
         self._start(job, taken)
         self.pending -= 1
