@@ -24,6 +24,7 @@ from nats.js import JetStreamContext
 from nats.js.api import (
     AckPolicy,
     ConsumerConfig,
+    ConsumerInfo,
     DeliverPolicy,
     DiscardPolicy,
     RetentionPolicy,
@@ -639,27 +640,32 @@ class JetStreamBus:
     async def _read(self, subject: str, after_seq: int = 0) -> list[StoredMessage]:
         # A consumer of its own for this read, deleted after it: polling readers must not
         # leave ephemeral consumers behind until the server's limit is reached.
-        name = f"read-{secrets.token_hex(6)}"
         stream = self._settings.stream
-        created = await through_failover(
-            self._settings.publish_timeout_s,
-            self._js.add_consumer,
-            stream,
-            ConsumerConfig(
-                name=name,
-                filter_subject=subject,
-                deliver_policy=(
-                    DeliverPolicy.BY_START_SEQUENCE if after_seq > 0 else DeliverPolicy.ALL
+
+        async def create() -> ConsumerInfo:
+            # A new name each try: a create the cluster placed on a server lost meanwhile is
+            # answered by nobody, however often the same name is asked for again (one left
+            # half-made goes after its inactive threshold).
+            return await self._js.add_consumer(
+                stream,
+                ConsumerConfig(
+                    name=f"read-{secrets.token_hex(6)}",
+                    filter_subject=subject,
+                    deliver_policy=(
+                        DeliverPolicy.BY_START_SEQUENCE if after_seq > 0 else DeliverPolicy.ALL
+                    ),
+                    opt_start_seq=after_seq + 1 if after_seq > 0 else None,
+                    ack_policy=AckPolicy.NONE,
+                    inactive_threshold=30,
+                    # One copy, in memory, on the stream's leader: a read lives for seconds,
+                    # and a replicated consumer waits for a leader of its own first.
+                    mem_storage=True,
+                    num_replicas=1,
                 ),
-                opt_start_seq=after_seq + 1 if after_seq > 0 else None,
-                ack_policy=AckPolicy.NONE,
-                inactive_threshold=30,
-                # One copy, in memory, on the stream's leader: a read lives for seconds,
-                # and a replicated consumer waits for a leader of its own first.
-                mem_storage=True,
-                num_replicas=1,
-            ),
-        )
+            )
+
+        created = await through_failover(self._settings.publish_timeout_s, create)
+        name = created.name
         stored: list[StoredMessage] = []
         try:
             psub = await self._js.pull_subscribe_bind(durable=name, stream=stream)

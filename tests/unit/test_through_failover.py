@@ -4,11 +4,16 @@ refusal."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
 import nats.errors
 import nats.js.errors
 import pytest
+from nats.js.api import ConsumerConfig, ConsumerInfo
 
+from shared.messaging import BusSettings
 from shared.messaging.failover import through_failover
+from shared.messaging.jetstream import JetStreamBus
 
 
 class Flaky:
@@ -56,3 +61,47 @@ async def test_any_other_refusal_is_not_tried_again() -> None:
     with pytest.raises(nats.js.errors.BadRequestError):
         await through_failover(10.0, call)
     assert call.calls == 1
+
+
+class LostPlacement:
+    """A cluster that placed the first create of a reading consumer on a server lost
+    meanwhile: nobody answers for that name, ever; a new name is placed on one alive."""
+
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+        self.deleted: list[str] = []
+
+    async def add_consumer(self, stream: str, config: ConsumerConfig) -> ConsumerInfo:
+        assert config.name is not None
+        self.asked.append(config.name)
+        if config.name == self.asked[0]:
+            raise nats.errors.TimeoutError
+        return ConsumerInfo(
+            name=config.name,
+            stream_name=stream,
+            config=config,
+            created=datetime.now(UTC),
+            num_pending=0,
+        )
+
+    async def pull_subscribe_bind(self, durable: str, stream: str) -> Unsubscribing:
+        return Unsubscribing()
+
+    async def delete_consumer(self, stream: str, name: str) -> bool:
+        self.deleted.append(name)
+        return True
+
+
+class Unsubscribing:
+    async def unsubscribe(self) -> None:
+        return None
+
+
+async def test_a_read_asks_again_under_a_new_name_through_a_servers_loss() -> None:
+    bus = JetStreamBus(BusSettings(publish_timeout_s=10))
+    cluster = LostPlacement()
+    bus._js = cluster  # type: ignore[assignment]
+    assert await bus.read("spotrain.chaos.mark") == []
+    first, second = cluster.asked
+    assert first != second
+    assert cluster.deleted == [second]
