@@ -16,6 +16,7 @@ from services.scaler.handlers import (
     reconcile,
 )
 from services.scaler.model import PoolSpec, ScalerConfig
+from services.scaler.policy.decision import PLACED_GRACE_S
 from services.scaler.policy.keepalive import MIN_PERIODS, IdleHistory
 from shared.events import decode, new_event
 from shared.events.data import (
@@ -193,6 +194,32 @@ async def test_the_pass_learns_its_pools_idle_timeout(
     cluster.idle_s["gpu-spot-1"] = 2
     await reconcile(deps)
     assert cluster.released == ["gpu-spot-1"], "idle 2 s of a 60 s timeout, learnt down to 0"
+
+
+async def test_a_node_placed_on_is_kept_a_minute_though_its_pool_lets_idle_nodes_go_at_once(
+    deps: Deps, cluster: FakeCluster, clock: FixedClock
+) -> None:
+    """A Ray Train driver starts on the head (its job has started) and only then asks for
+    its workers' room: the node its attempt was placed on looks idle to Ray meanwhile, and
+    is not let go."""
+    await on_job_queued(queued("job-1"), deps)
+    await reconcile(deps)
+    await reconcile(deps)
+    assert published(deps)[-1][0] == "spotrain.job.placed.v1"
+    started = JobStarted(job_id="job-1", attempt=1, submission_id="job-1-1")
+    await on_job_settled(new_event(started, source="submitter", time=NOW), deps)
+    never_reused = IdleHistory(periods=(None,) * MIN_PERIODS)
+    deps.memory = deps.memory.model_copy(update={"idle": {"gpu-spot": never_reused}})
+    placed_at = clock.now()
+    for after_s in (2, 30, PLACED_GRACE_S - 2):
+        clock.advance(placed_at + timedelta(seconds=after_s) - clock.now())
+        cluster.idle_s["gpu-spot-1"] = after_s
+        await reconcile(deps)
+        assert cluster.released == [], f"released {after_s} s after the placement"
+    clock.advance(timedelta(seconds=2))
+    cluster.idle_s["gpu-spot-1"] = PLACED_GRACE_S
+    await reconcile(deps)
+    assert cluster.released == ["gpu-spot-1"]
 
 
 async def test_a_node_ray_will_not_drain_is_kept(
