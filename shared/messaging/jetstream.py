@@ -813,24 +813,28 @@ class JetStreamBus:
             # message of a subject stored before that time too; by sequence it does not.
             first = await self._first_seq_since(start.time)
             start = start if first is None else _From(seq=first)
-        name = f"read-{secrets.token_hex(6)}"
         filters: dict[str, Any] = (
             {"filter_subject": subjects[0]}
             if len(subjects) == 1
             else {"filter_subjects": list(subjects)}
         )
-        config = ConsumerConfig(
-            name=name,
-            ack_policy=AckPolicy.NONE,
-            inactive_threshold=30,
-            mem_storage=True,
-            num_replicas=1,
-            **filters,
-            **start.config(),
-        )
+
+        async def create() -> ConsumerInfo:
+            # A new name each try through a failover, as `_read` does.
+            config = ConsumerConfig(
+                name=f"read-{secrets.token_hex(6)}",
+                ack_policy=AckPolicy.NONE,
+                inactive_threshold=30,
+                mem_storage=True,
+                num_replicas=1,
+                **filters,
+                **start.config(),
+            )
+            return await self._js.add_consumer(self._settings.stream, config)
+
         async with self.permission_checked(f"read {', '.join(subjects)} from the stream"):
-            await self._js.add_consumer(self._settings.stream, config)
-        return name
+            created = await through_failover(self._settings.publish_timeout_s, create)
+        return created.name
 
     async def _first_seq_since(self, since: datetime) -> int | None:
         """The sequence of the first message stored at or after `since`, or the next one to

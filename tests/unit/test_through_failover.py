@@ -4,6 +4,7 @@ refusal."""
 
 from __future__ import annotations
 
+import contextlib
 from datetime import UTC, datetime
 
 import nats.errors
@@ -84,15 +85,27 @@ class LostPlacement:
             num_pending=0,
         )
 
-    async def pull_subscribe_bind(self, durable: str, stream: str) -> Unsubscribing:
-        return Unsubscribing()
+    async def pull_subscribe_bind(self, durable: str, stream: str) -> EmptyPull:
+        return EmptyPull(self.asked[-1])
 
     async def delete_consumer(self, stream: str, name: str) -> bool:
         self.deleted.append(name)
         return True
 
 
-class Unsubscribing:
+class EmptyPull:
+    """A pull subscription to a consumer with nothing to read."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    async def consumer_info(self) -> ConsumerInfo:
+        config = ConsumerConfig(name=self.name)
+        return ConsumerInfo(
+            name=self.name, stream_name="SPOTRAIN", config=config, created=datetime.now(UTC),
+            num_pending=0,
+        )  # fmt: skip
+
     async def unsubscribe(self) -> None:
         return None
 
@@ -102,6 +115,18 @@ async def test_a_read_asks_again_under_a_new_name_through_a_servers_loss() -> No
     cluster = LostPlacement()
     bus._js = cluster  # type: ignore[assignment]
     assert await bus.read("spotrain.chaos.mark") == []
+    first, second = cluster.asked
+    assert first != second
+    assert cluster.deleted == [second]
+
+
+async def test_a_window_of_the_stream_is_read_through_a_servers_loss_too() -> None:
+    bus = JetStreamBus(BusSettings(publish_timeout_s=10))
+    cluster = LostPlacement()
+    bus._js = cluster  # type: ignore[assignment]
+    since = datetime(2026, 12, 6, tzinfo=UTC)
+    async with contextlib.aclosing(bus.read_window(["spotrain.chaos.mark"], since=since)) as read:
+        assert [record async for record in read] == []
     first, second = cluster.asked
     assert first != second
     assert cluster.deleted == [second]
