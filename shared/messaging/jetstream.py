@@ -641,30 +641,8 @@ class JetStreamBus:
         # A consumer of its own for this read, deleted after it: polling readers must not
         # leave ephemeral consumers behind until the server's limit is reached.
         stream = self._settings.stream
-
-        async def create() -> ConsumerInfo:
-            # A new name each try: a create the cluster placed on a server lost meanwhile is
-            # answered by nobody, however often the same name is asked for again (one left
-            # half-made goes after its inactive threshold).
-            return await self._js.add_consumer(
-                stream,
-                ConsumerConfig(
-                    name=f"read-{secrets.token_hex(6)}",
-                    filter_subject=subject,
-                    deliver_policy=(
-                        DeliverPolicy.BY_START_SEQUENCE if after_seq > 0 else DeliverPolicy.ALL
-                    ),
-                    opt_start_seq=after_seq + 1 if after_seq > 0 else None,
-                    ack_policy=AckPolicy.NONE,
-                    inactive_threshold=30,
-                    # One copy, in memory, on the stream's leader: a read lives for seconds,
-                    # and a replicated consumer waits for a leader of its own first.
-                    mem_storage=True,
-                    num_replicas=1,
-                ),
-            )
-
-        created = await through_failover(self._settings.publish_timeout_s, create)
+        start = _From(seq=after_seq + 1) if after_seq > 0 else _From()
+        created = await self._new_reading_consumer(start, filter_subject=subject)
         name = created.name
         stored: list[StoredMessage] = []
         try:
@@ -806,8 +784,6 @@ class JetStreamBus:
         return sorted(i.config.durable_name for i in infos if i.config.durable_name)
 
     async def _reading_consumer(self, subjects: Sequence[str], start: _From) -> str:
-        # Not acked, in memory, and dropped by the server if the reader vanishes: a reader
-        # leaves nothing behind, whatever happens to it.
         if start.time is not None and len(subjects) > 1:
             # nats-server 2.15 starts a consumer of several subjects by time past the first
             # message of a subject stored before that time too; by sequence it does not.
@@ -818,9 +794,20 @@ class JetStreamBus:
             if len(subjects) == 1
             else {"filter_subjects": list(subjects)}
         )
+        async with self.permission_checked(f"read {', '.join(subjects)} from the stream"):
+            created = await self._new_reading_consumer(start, **filters)
+        return created.name
+
+    async def _new_reading_consumer(self, start: _From, **filters: Any) -> ConsumerInfo:
+        """A consumer for one read: not acked, one copy in memory on the stream's leader (a
+        read lives for seconds, and a replicated consumer waits for a leader of its own
+        first), dropped by the server 30 s after its reader vanishes.
+
+        Made through a failover under a new name each try: a create the cluster placed on a
+        server lost meanwhile is answered by nobody, however often the same name is asked
+        for again (one left half-made goes after its inactive threshold)."""
 
         async def create() -> ConsumerInfo:
-            # A new name each try through a failover, as `_read` does.
             config = ConsumerConfig(
                 name=f"read-{secrets.token_hex(6)}",
                 ack_policy=AckPolicy.NONE,
@@ -832,29 +819,15 @@ class JetStreamBus:
             )
             return await self._js.add_consumer(self._settings.stream, config)
 
-        async with self.permission_checked(f"read {', '.join(subjects)} from the stream"):
-            created = await through_failover(self._settings.publish_timeout_s, create)
-        return created.name
+        return await through_failover(self._settings.publish_timeout_s, create)
 
     async def _first_seq_since(self, since: datetime) -> int | None:
         """The sequence of the first message stored at or after `since`, or the next one to
         come: what a consumer of the whole stream started at that time reports (None if it
         does not say)."""
-        name = f"read-{secrets.token_hex(6)}"
-        config = ConsumerConfig(
-            name=name,
-            ack_policy=AckPolicy.NONE,
-            inactive_threshold=30,
-            mem_storage=True,
-            num_replicas=1,
-            deliver_policy=DeliverPolicy.BY_START_TIME,
-            opt_start_time=since,
-        )
-        try:
-            async with self.permission_checked("find where a time window starts"):
-                info = await self._js.add_consumer(self._settings.stream, config)
-        finally:
-            await self._delete_reading_consumer(name)
+        async with self.permission_checked("find where a time window starts"):
+            info = await self._new_reading_consumer(_From(time=since))
+        await self._delete_reading_consumer(info.name)
         return None if info.delivered is None else info.delivered.stream_seq + 1
 
     async def _delete_reading_consumer(self, name: str) -> None:
