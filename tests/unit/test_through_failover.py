@@ -130,3 +130,4 @@ async def test_a_window_of_the_stream_is_read_through_a_servers_loss_too() -> No
     first, second = cluster.asked
     assert first != second
     assert cluster.deleted == [second]
+    assert cluster.deleted == [second]
